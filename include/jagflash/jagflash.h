@@ -1,0 +1,145 @@
+/* jagflash: FlashAttention on jagged (packed, variable-length) batches.
+ *
+ * Stable C API. Plain structs, no exceptions across this boundary, usable from ctypes.
+ * Every function returns a jf_status; on anything but JF_OK, jagflash_last_error() gives a
+ * message naming the argument, what was expected and what was given. Nothing the caller owns
+ * is written when a call fails validation.
+ *
+ * Layout contract (see DESIGN.md §1):
+ *   q    [total_q,  H,    D]   k, v [total_kv, H_kv, D]   out [total_q, H, D]
+ *   lse  [H, total_q] float32, natural log of the softmax denominator
+ *   q_offsets / kv_offsets: int32 [B+1], offsets[0] == 0, non-decreasing, last == total.
+ * Strides are in elements; the head dim is contiguous.
+ */
+#ifndef JAGFLASH_JAGFLASH_H
+#define JAGFLASH_JAGFLASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define JAGFLASH_VERSION_MAJOR 0
+#define JAGFLASH_VERSION_MINOR 1
+#define JAGFLASH_VERSION_PATCH 0
+
+typedef enum jf_status {
+  JF_OK = 0,
+  JF_ERR_INVALID_ARGUMENT = 1, /* bad shape, stride, pointer, offsets, mask ... */
+  JF_ERR_UNSUPPORTED = 2,      /* valid request this build cannot serve (head dim, dtype, backend) */
+  JF_ERR_CUDA = 3,             /* a CUDA runtime call failed */
+  JF_ERR_INTERNAL = 4
+} jf_status;
+
+typedef enum jf_dtype { JF_BF16 = 0, JF_FP16 = 1, JF_FP32 = 2 } jf_dtype;
+
+/* Where every pointer of a call lives (tensors, offsets, lse, workspace). */
+typedef enum jf_device { JF_DEVICE_CPU = 0, JF_DEVICE_CUDA = 1 } jf_device;
+
+/* Masks are per sequence, bottom-right aligned when Lq != Lk: with shift = Lk - Lq, query i
+ * sees key j when  i + shift - window_left <= j <= i + shift + window_right  (-1 = unbounded).
+ * JF_MASK_CAUSAL is the window (-1, 0). For NONE and CAUSAL the window fields must be -1. */
+typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 } jf_mask;
+
+/* How device offsets are validated.
+ *  HOST:   copied to the host and checked before anything runs (one stream sync; not capturable).
+ *  DEVICE: checked by a small kernel; on bad offsets every kernel of the call exits without
+ *          writing and a flag is left in the workspace (jagflash_read_device_error). No host sync,
+ *          safe under CUDA-graph capture. */
+typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
+
+/* Which implementation runs. AUTO: the CPU reference for CPU pointers, the fastest GPU path otherwise. */
+typedef enum jf_backend {
+  JF_BACKEND_AUTO = 0,
+  JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
+  JF_BACKEND_ORACLE = 2     /* GPU, fp32 math, no tensor cores: correctness over speed */
+} jf_backend;
+
+/* A [rows, heads, head_dim] view. Element (r, h, d) is at data[r*row_stride + h*head_stride + d]. */
+typedef struct jf_tensor {
+  void* data;
+  int64_t rows;
+  int32_t heads;
+  int32_t head_dim;
+  int64_t row_stride;
+  int64_t head_stride;
+} jf_tensor;
+
+/* What both directions share: the jagged problem. */
+typedef struct jf_problem {
+  jf_dtype dtype;
+  jf_device device;
+  int32_t batch_size;          /* B; offsets hold B+1 entries */
+  const int32_t* q_offsets;    /* [B+1] */
+  const int32_t* kv_offsets;   /* [B+1] */
+  jf_tensor q;                 /* [total_q, H, D] */
+  jf_tensor k;                 /* [total_kv, H_kv, D] */
+  jf_tensor v;                 /* [total_kv, H_kv, D] */
+  jf_mask mask;
+  int32_t window_left;         /* JF_MASK_WINDOW only, -1 = unbounded */
+  int32_t window_right;
+  float scale;                 /* 0 means 1/sqrt(D) */
+} jf_problem;
+
+typedef struct jf_launch {
+  void* workspace;             /* device (or host) scratch of at least the queried size */
+  size_t workspace_bytes;
+  void* stream;                /* cudaStream_t; NULL = default stream */
+  jf_offsets_check offsets_check;
+  jf_backend backend;
+} jf_launch;
+
+typedef struct jf_fwd_args {
+  jf_problem problem;
+  jf_tensor out;               /* [total_q, H, D], same dtype as q */
+  float* lse;                  /* [H, total_q]; may be NULL */
+  jf_launch launch;
+} jf_fwd_args;
+
+typedef struct jf_bwd_args {
+  jf_problem problem;
+  jf_tensor out;               /* forward output */
+  jf_tensor dout;              /* gradient of out */
+  const float* lse;            /* [H, total_q] from the forward; required */
+  jf_tensor dq;                /* [total_q, H, D] */
+  jf_tensor dk;                /* [total_kv, H_kv, D]; with GQA the sum over the group's heads */
+  jf_tensor dv;
+  jf_launch launch;
+} jf_bwd_args;
+
+/* "0.1.0", and 10000*major + 100*minor + patch. */
+const char* jagflash_version(void);
+int jagflash_version_number(void);
+
+/* Message of the last failed call on this thread ("" after success). */
+const char* jagflash_last_error(void);
+
+jf_status jagflash_fwd_workspace_size(const jf_fwd_args* args, size_t* bytes);
+jf_status jagflash_fwd(const jf_fwd_args* args);
+jf_status jagflash_bwd_workspace_size(const jf_bwd_args* args, size_t* bytes);
+jf_status jagflash_bwd(const jf_bwd_args* args);
+
+/* After a JF_CHECK_OFFSETS_DEVICE call: synchronises `stream` and reads the flag the call left
+ * in `workspace`. Returns JF_OK if the offsets were valid, else JF_ERR_INVALID_ARGUMENT with a
+ * message saying which check failed. */
+jf_status jagflash_read_device_error(const void* workspace, void* stream);
+
+/* The benchmark length distributions (uniform1k, gemskew, pareto, onegiant, short), one generator
+ * for every caller. Writes up to `capacity` lengths; *batch_size gets the batch size. Pass
+ * lengths = NULL to query the batch size only. */
+jf_status jagflash_generate_lengths(const char* distribution, uint64_t seed, int32_t* lengths,
+                                    int32_t capacity, int32_t* batch_size);
+
+/* Number of visible (query, key) pairs of one sequence under a mask: FLOP counts use it. */
+int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask mask, int32_t window_left,
+                               int32_t window_right);
+
+/* Number of CUDA devices this process sees (0 without a GPU or driver). */
+int jagflash_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* JAGFLASH_JAGFLASH_H */

@@ -1,0 +1,98 @@
+// jagflash C++ API: the C API with exceptions and defaults. Header-only over the C symbols, so
+// C and C++ callers run exactly the same validation and kernels.
+#pragma once
+
+#include <jagflash/jagflash.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace jagflash {
+
+// Thrown for every status other than JF_OK; what() is the library's message.
+class Error : public std::runtime_error {
+ public:
+  Error(jf_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  jf_status status() const { return status_; }
+
+ private:
+  jf_status status_;
+};
+
+inline void throw_if_error(jf_status status) {
+  if (status != JF_OK) throw Error(status, jagflash_last_error());
+}
+
+inline std::string version() { return jagflash_version(); }
+
+// A [rows, heads, head_dim] view with packed heads unless strides are given.
+inline jf_tensor tensor_view(void* data, int64_t rows, int32_t heads, int32_t head_dim,
+                             int64_t row_stride = 0, int64_t head_stride = 0) {
+  jf_tensor t{};
+  t.data = data;
+  t.rows = rows;
+  t.heads = heads;
+  t.head_dim = head_dim;
+  t.head_stride = head_stride ? head_stride : head_dim;
+  t.row_stride = row_stride ? row_stride : static_cast<int64_t>(heads) * t.head_stride;
+  return t;
+}
+
+// A problem with defaults: no mask, default scale, default launch.
+inline jf_problem make_problem(jf_dtype dtype, jf_device device, int32_t batch_size,
+                               const int32_t* q_offsets, const int32_t* kv_offsets, jf_tensor q,
+                               jf_tensor k, jf_tensor v) {
+  jf_problem p{};
+  p.dtype = dtype;
+  p.device = device;
+  p.batch_size = batch_size;
+  p.q_offsets = q_offsets;
+  p.kv_offsets = kv_offsets;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.mask = JF_MASK_NONE;
+  p.window_left = -1;
+  p.window_right = -1;
+  p.scale = 0.f;
+  return p;
+}
+
+inline void set_causal(jf_problem& p) {
+  p.mask = JF_MASK_CAUSAL;
+  p.window_left = p.window_right = -1;
+}
+
+inline void set_window(jf_problem& p, int32_t left, int32_t right) {
+  p.mask = JF_MASK_WINDOW;
+  p.window_left = left;
+  p.window_right = right;
+}
+
+inline size_t forward_workspace_size(const jf_fwd_args& args) {
+  size_t bytes = 0;
+  throw_if_error(jagflash_fwd_workspace_size(&args, &bytes));
+  return bytes;
+}
+
+inline size_t backward_workspace_size(const jf_bwd_args& args) {
+  size_t bytes = 0;
+  throw_if_error(jagflash_bwd_workspace_size(&args, &bytes));
+  return bytes;
+}
+
+inline void forward(const jf_fwd_args& args) { throw_if_error(jagflash_fwd(&args)); }
+inline void backward(const jf_bwd_args& args) { throw_if_error(jagflash_bwd(&args)); }
+
+inline std::vector<int32_t> generate_lengths(const std::string& distribution, uint64_t seed) {
+  int32_t batch = 0;
+  throw_if_error(jagflash_generate_lengths(distribution.c_str(), seed, nullptr, 0, &batch));
+  std::vector<int32_t> lengths(static_cast<size_t>(batch));
+  throw_if_error(
+      jagflash_generate_lengths(distribution.c_str(), seed, lengths.data(), batch, &batch));
+  return lengths;
+}
+
+}  // namespace jagflash

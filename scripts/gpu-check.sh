@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On the GPU machine, from a build carried from the build machine (build/): runs the GPU tests,
+# `jagflash check` on the five distributions, `jagflash run` and `jagflash bench`; logs go to
+# $OUT (or ./gpu-logs); a short table is printed last.
+#   usage: scripts/gpu-check.sh [build-dir]      (set QUICK=1 to skip check/bench)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$root/build}"
+out="${OUT:-$root/gpu-logs}"
+mkdir -p "$out"
+cli="$build/jagflash"
+declare -a summary
+
+step() {  # step NAME LOGFILE COMMAND...
+  local name="$1" log="$2"; shift 2
+  local t0=$SECONDS
+  "$@" >"$out/$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-34s %-5s %5ss  %s' "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((SECONDS - t0))" "$log")")
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+step "cpu+gpu ctest" ctest.log ctest --test-dir "$build" --output-on-failure --timeout 1500
+step "gpu tests (gtest detail)" gpu_tests.log "$build/tests/jagflash_gpu_tests"
+step "jagflash run" run.log "$cli" run
+step "jagflash run --causal" run_causal.log "$cli" run --causal
+if [ "${QUICK:-0}" != 1 ]; then
+  for d in uniform1k gemskew pareto onegiant short; do
+    step "check $d" "check_$d.log" "$cli" check --dist "$d"
+  done
+  step "check gemskew causal" check_gemskew_causal.log "$cli" check --dist gemskew --causal
+  step "bench none" bench.log "$cli" bench --iters 5 --warmup 1
+  step "bench causal" bench_causal.log "$cli" bench --iters 5 --warmup 1 --causal
+fi
+
+echo "==== logs in $out"
+for f in run.log bench.log bench_causal.log; do
+  [ -f "$out/$f" ] && { echo "---- $f"; tail -n 12 "$out/$f"; }
+done
+echo "==== summary ($(head -2 "$out/gpu.txt" | tail -1))"
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -q FAIL

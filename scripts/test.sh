@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up, builds (warnings as errors) and runs every test that this machine can run. GPU tests
+# are reported as skipped by ctest where there is no CUDA device.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+scripts/setup.sh
+build="${BUILD_DIR:-build}"
+jobs="$(nproc 2>/dev/null || echo 2)"
+cmake -S . -B "$build" -DJAGFLASH_WERROR=ON ${JAGFLASH_CMAKE_ARGS:-}
+cmake --build "$build" -j "$jobs"
+ctest --test-dir "$build" --output-on-failure -j "$jobs"

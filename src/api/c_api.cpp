@@ -1,0 +1,104 @@
+// The C boundary: every entry point runs inside guarded(), which turns exceptions into a status
+// and the thread-local message. Nothing throws past this file.
+#include <jagflash/jagflash.h>
+
+#include "api/dispatch.hpp"
+#include "api/error.hpp"
+
+#include <cuda_runtime.h>
+
+#include <new>
+#include <string>
+
+namespace jagflash::detail {
+namespace {
+thread_local std::string g_last_error;
+
+template <typename F>
+jf_status guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return JF_OK;
+  } catch (const ApiError& e) {
+    g_last_error = e.what();
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    g_last_error = "out of host memory";
+    return JF_ERR_INTERNAL;
+  } catch (const std::exception& e) {
+    g_last_error = std::string("internal error: ") + e.what();
+    return JF_ERR_INTERNAL;
+  } catch (...) {
+    g_last_error = "internal error: unknown exception";
+    return JF_ERR_INTERNAL;
+  }
+}
+
+template <typename T>
+void require_non_null(const char* name, const T* p) {
+  if (p == nullptr) fail_argument(name, "a non-null pointer", "NULL");
+}
+}  // namespace
+
+void set_last_error(const std::string& message) { g_last_error = message; }
+
+}  // namespace jagflash::detail
+
+using jagflash::detail::guarded;
+using jagflash::detail::require_non_null;
+
+extern "C" {
+
+const char* jagflash_version(void) { return JAGFLASH_VERSION_STRING; }
+
+int jagflash_version_number(void) {
+  return JAGFLASH_VERSION_MAJOR * 10000 + JAGFLASH_VERSION_MINOR * 100 + JAGFLASH_VERSION_PATCH;
+}
+
+const char* jagflash_last_error(void) { return jagflash::detail::g_last_error.c_str(); }
+
+jf_status jagflash_fwd_workspace_size(const jf_fwd_args* args, size_t* bytes) {
+  return guarded([&] {
+    require_non_null("args", args);
+    require_non_null("bytes", bytes);
+    *bytes = jagflash::detail::forward_workspace_size(*args);
+  });
+}
+
+jf_status jagflash_fwd(const jf_fwd_args* args) {
+  return guarded([&] {
+    require_non_null("args", args);
+    jagflash::detail::run_forward(*args);
+  });
+}
+
+jf_status jagflash_bwd_workspace_size(const jf_bwd_args* args, size_t* bytes) {
+  return guarded([&] {
+    require_non_null("args", args);
+    require_non_null("bytes", bytes);
+    *bytes = jagflash::detail::backward_workspace_size(*args);
+  });
+}
+
+jf_status jagflash_bwd(const jf_bwd_args* args) {
+  return guarded([&] {
+    require_non_null("args", args);
+    jagflash::detail::run_backward(*args);
+  });
+}
+
+jf_status jagflash_read_device_error(const void* workspace, void* stream) {
+  return guarded([&] { jagflash::detail::read_device_error(workspace, stream); });
+}
+
+int jagflash_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // extern "C"

@@ -1,0 +1,100 @@
+#include "api/dispatch.hpp"
+
+#include "api/error.hpp"
+#include "api/validate.hpp"
+#include "api/workspace.hpp"
+#include "core/dtype.hpp"
+#include "oracle/oracle.hpp"
+#include "reference/reference.hpp"
+
+#include <cuda_runtime.h>
+
+#include <sstream>
+#include <string>
+
+namespace jagflash::detail {
+namespace {
+
+const oracle::Entry& oracle_for(const jf_problem& p) {
+  const oracle::Entry* e = oracle::find(p.dtype, p.q.head_dim);
+  if (e == nullptr) {
+    std::ostringstream given;
+    given << dtype_name(p.dtype) << "/" << p.q.head_dim;
+    fail_argument("problem.dtype/head_dim", "one this build instantiates (" + oracle::instantiated() + ")",
+                  given.str(), JF_ERR_UNSUPPORTED);
+  }
+  return *e;
+}
+
+char* workspace_at(const jf_launch& l, size_t offset) { return static_cast<char*>(l.workspace) + offset; }
+
+}  // namespace
+
+size_t forward_workspace_size(const jf_fwd_args& a) {
+  validate_forward_shapes(a);
+  return a.problem.device == JF_DEVICE_CUDA ? WorkspaceLayout::forward_gpu().total_bytes : 0;
+}
+
+size_t backward_workspace_size(const jf_bwd_args& a) {
+  validate_backward_shapes(a);
+  return a.problem.device == JF_DEVICE_CUDA
+             ? WorkspaceLayout::backward_gpu(a.problem.q.heads, a.problem.q.rows).total_bytes
+             : 0;
+}
+
+void run_forward(const jf_fwd_args& a) {
+  const jf_problem& p = a.problem;
+  validate_forward(a, forward_workspace_size(a), /*require_workspace=*/true);
+  if (p.device == JF_DEVICE_CPU) {
+    reference::forward(a);
+    return;
+  }
+  const oracle::Entry& entry = oracle_for(p);
+  const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
+  auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
+  auto stream = static_cast<cudaStream_t>(a.launch.stream);
+  JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
+                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+  JF_CUDA_CHECK(entry.forward(a, oracle::Workspace{flag, nullptr}, stream));
+}
+
+void run_backward(const jf_bwd_args& a) {
+  const jf_problem& p = a.problem;
+  validate_backward(a, backward_workspace_size(a), /*require_workspace=*/true);
+  if (p.device == JF_DEVICE_CPU) {
+    reference::backward(a);
+    return;
+  }
+  const oracle::Entry& entry = oracle_for(p);
+  const WorkspaceLayout layout = WorkspaceLayout::backward_gpu(p.q.heads, p.q.rows);
+  auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
+  auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
+  auto stream = static_cast<cudaStream_t>(a.launch.stream);
+  JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
+                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+  JF_CUDA_CHECK(entry.backward(a, oracle::Workspace{flag, delta}, stream));
+}
+
+void read_device_error(const void* workspace, void* stream) {
+  if (workspace == nullptr) fail_argument("workspace", "the workspace of a JF_CHECK_OFFSETS_DEVICE call", "NULL");
+  int32_t flag = 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  JF_CUDA_CHECK(cudaMemcpyAsync(&flag, static_cast<const char*>(workspace) + WorkspaceLayout::forward_gpu().error_flag_offset,
+                                sizeof(flag), cudaMemcpyDeviceToHost, s));
+  JF_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (flag == 0) return;
+  std::ostringstream m;
+  m << "invalid offsets found on the device (nothing was written):";
+  const struct { int32_t bit; const char* text; } checks[] = {
+      {oracle::kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
+      {oracle::kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
+      {oracle::kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
+      {oracle::kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
+      {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
+      {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"}};
+  for (const auto& c : checks)
+    if (flag & c.bit) m << c.text;
+  throw ApiError(JF_ERR_INVALID_ARGUMENT, m.str());
+}
+
+}  // namespace jagflash::detail

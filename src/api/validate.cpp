@@ -1,0 +1,283 @@
+#include "api/validate.hpp"
+
+#include "api/error.hpp"
+#include "core/dtype.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace jagflash::detail {
+namespace {
+
+constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+// TMA (the Hopper kernels' loads) needs 16-byte aligned bases and strides; the GPU path enforces
+// it for every backend so a caller's layout never works on one backend and fails on another.
+constexpr size_t kGpuAlignBytes = 16;
+
+const char* device_name(jf_device d) { return d == JF_DEVICE_CUDA ? "JF_DEVICE_CUDA" : "JF_DEVICE_CPU"; }
+
+void check_enum(const char* name, int value, int lo, int hi, const char* expected) {
+  if (value < lo || value > hi) fail_argument(name, expected, value);
+}
+
+void check_head_dim(const char* name, int32_t head_dim) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    fail_argument(name, "64, 128 or 256", head_dim, JF_ERR_UNSUPPORTED);
+}
+
+// Where a pointer lives, as the CUDA runtime sees it.
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error of an unknown pointer
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+void check_pointer_location(const std::string& name, const void* p, jf_device device) {
+  if (p == nullptr) return;
+  const bool on_device = is_device_pointer(p);
+  if (device == JF_DEVICE_CUDA && !on_device)
+    fail_argument(name, "a CUDA device pointer (problem.device = JF_DEVICE_CUDA)", "a host pointer");
+  if (device == JF_DEVICE_CPU && on_device)
+    fail_argument(name, "a host pointer (problem.device = JF_DEVICE_CPU)", "a CUDA device pointer");
+}
+
+struct ByteRange {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;  // one past the last byte
+  bool empty() const { return begin == end; }
+};
+
+ByteRange byte_range(const jf_tensor& t, jf_dtype dtype) {
+  if (t.data == nullptr || t.rows == 0) return {};
+  const int64_t last = (t.rows - 1) * t.row_stride + (t.heads - 1) * t.head_stride + t.head_dim;
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  return {begin, begin + static_cast<uintptr_t>(last) * dtype_size(dtype)};
+}
+
+bool overlaps(ByteRange a, ByteRange b) {
+  return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end;
+}
+
+// A [rows, heads, head_dim] view: shape as expected, strides that keep (row, head) slices
+// apart, pointer non-null when there is data, alignment on the GPU.
+void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int32_t heads,
+                  int32_t head_dim, const jf_problem& p) {
+  if (t.rows != rows) fail_argument(name + ".rows", rows, t.rows);
+  if (t.heads != heads) fail_argument(name + ".heads", heads, t.heads);
+  if (t.head_dim != head_dim) fail_argument(name + ".head_dim", head_dim, t.head_dim);
+  if (t.head_stride < head_dim) {
+    std::ostringstream e;
+    e << ">= head_dim (" << head_dim << ")";
+    fail_argument(name + ".head_stride", e.str(), t.head_stride);
+  }
+  const int64_t min_row_stride = static_cast<int64_t>(heads - 1) * t.head_stride + head_dim;
+  if (t.row_stride < min_row_stride) {
+    std::ostringstream e;
+    e << ">= (heads-1)*head_stride + head_dim = " << min_row_stride;
+    fail_argument(name + ".row_stride", e.str(), t.row_stride);
+  }
+  if (rows > 0 && t.data == nullptr) fail_argument(name + ".data", "a non-null pointer", "NULL");
+  const size_t elem = dtype_size(p.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % elem != 0)
+    fail_argument(name + ".data", std::to_string(elem) + "-byte alignment", t.data);
+  if (p.device == JF_DEVICE_CUDA) {
+    if (reinterpret_cast<uintptr_t>(t.data) % kGpuAlignBytes != 0)
+      fail_argument(name + ".data", "16-byte alignment on the GPU", t.data);
+    const int64_t stride_unit = static_cast<int64_t>(kGpuAlignBytes / elem);
+    if (t.row_stride % stride_unit != 0)
+      fail_argument(name + ".row_stride", "a multiple of " + std::to_string(stride_unit) +
+                                              " elements (16 bytes) on the GPU", t.row_stride);
+    if (heads > 1 && t.head_stride % stride_unit != 0)
+      fail_argument(name + ".head_stride", "a multiple of " + std::to_string(stride_unit) +
+                                               " elements (16 bytes) on the GPU", t.head_stride);
+  }
+  check_pointer_location(name + ".data", t.data, p.device);
+}
+
+void check_problem(const jf_problem& p) {
+  check_enum("problem.dtype", p.dtype, JF_BF16, JF_FP32, "JF_BF16, JF_FP16 or JF_FP32");
+  check_enum("problem.device", p.device, JF_DEVICE_CPU, JF_DEVICE_CUDA, "JF_DEVICE_CPU or JF_DEVICE_CUDA");
+  check_enum("problem.mask", p.mask, JF_MASK_NONE, JF_MASK_WINDOW,
+             "JF_MASK_NONE, JF_MASK_CAUSAL or JF_MASK_WINDOW");
+  if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
+    fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
+  if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
+  if (p.q_offsets == nullptr) fail_argument("problem.q_offsets", "a non-null pointer to B+1 int32", "NULL");
+  if (p.kv_offsets == nullptr) fail_argument("problem.kv_offsets", "a non-null pointer to B+1 int32", "NULL");
+
+  if (p.q.heads <= 0) fail_argument("problem.q.heads", "> 0", p.q.heads);
+  if (p.k.heads <= 0) fail_argument("problem.k.heads", "> 0", p.k.heads);
+  if (p.q.heads % p.k.heads != 0) {
+    std::ostringstream e;
+    e << "a divisor of q.heads (" << p.q.heads << ")";
+    fail_argument("problem.k.heads", e.str(), p.k.heads);
+  }
+  check_head_dim("problem.q.head_dim", p.q.head_dim);
+  if (p.q.rows < 0 || p.q.rows > kMaxTokens) fail_argument("problem.q.rows", "in [0, 2^31-1]", p.q.rows);
+  if (p.k.rows < 0 || p.k.rows > kMaxTokens) fail_argument("problem.k.rows", "in [0, 2^31-1]", p.k.rows);
+
+  const int32_t h = p.q.heads, h_kv = p.k.heads, d = p.q.head_dim;
+  check_tensor("problem.q", p.q, p.q.rows, h, d, p);
+  check_tensor("problem.k", p.k, p.k.rows, h_kv, d, p);
+  check_tensor("problem.v", p.v, p.k.rows, h_kv, d, p);
+
+  if (p.mask == JF_MASK_WINDOW) {
+    if (p.window_left < -1) fail_argument("problem.window_left", ">= -1 (-1 = unbounded)", p.window_left);
+    if (p.window_right < -1) fail_argument("problem.window_right", ">= -1 (-1 = unbounded)", p.window_right);
+  } else {
+    const char* expected = p.mask == JF_MASK_CAUSAL
+                               ? "-1 with JF_MASK_CAUSAL (use JF_MASK_WINDOW for a window)"
+                               : "-1 with JF_MASK_NONE (use JF_MASK_WINDOW for a window)";
+    if (p.window_left != -1) fail_argument("problem.window_left", expected, p.window_left);
+    if (p.window_right != -1) fail_argument("problem.window_right", expected, p.window_right);
+  }
+  if (!std::isfinite(p.scale)) fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
+  check_pointer_location("problem.q_offsets", p.q_offsets, p.device);
+  check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device);
+}
+
+void check_launch(const jf_launch& l, const jf_problem& p) {
+  check_enum("launch.offsets_check", l.offsets_check, JF_CHECK_OFFSETS_HOST, JF_CHECK_OFFSETS_DEVICE,
+             "JF_CHECK_OFFSETS_HOST or JF_CHECK_OFFSETS_DEVICE");
+  check_enum("launch.backend", l.backend, JF_BACKEND_AUTO, JF_BACKEND_ORACLE,
+             "JF_BACKEND_AUTO, JF_BACKEND_REFERENCE or JF_BACKEND_ORACLE");
+  if (l.backend == JF_BACKEND_REFERENCE && p.device != JF_DEVICE_CPU)
+    fail_argument("launch.backend", "JF_BACKEND_REFERENCE only with problem.device = JF_DEVICE_CPU",
+                  device_name(p.device));
+  if (l.backend == JF_BACKEND_ORACLE && p.device != JF_DEVICE_CUDA)
+    fail_argument("launch.backend", "JF_BACKEND_ORACLE only with problem.device = JF_DEVICE_CUDA",
+                  device_name(p.device));
+}
+
+void check_workspace(const jf_launch& l, const jf_problem& p, size_t needed) {
+  if (needed == 0) return;
+  if (l.workspace_bytes < needed) fail_argument("launch.workspace_bytes", ">= " + std::to_string(needed) + " (the queried size)", l.workspace_bytes);
+  if (l.workspace == nullptr) fail_argument("launch.workspace", "a non-null pointer", "NULL");
+  if (reinterpret_cast<uintptr_t>(l.workspace) % 16 != 0) fail_argument("launch.workspace", "16-byte alignment", l.workspace);
+  check_pointer_location("launch.workspace", l.workspace, p.device);
+}
+
+std::vector<int32_t> offsets_to_host(const int32_t* offsets, int32_t batch_size, const jf_problem& p,
+                                     const jf_launch& l) {
+  std::vector<int32_t> host(static_cast<size_t>(batch_size) + 1);
+  if (p.device == JF_DEVICE_CPU) {
+    std::copy(offsets, offsets + host.size(), host.begin());
+    return host;
+  }
+  auto stream = static_cast<cudaStream_t>(l.stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  JF_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    fail_argument("launch.offsets_check",
+                  "JF_CHECK_OFFSETS_DEVICE while the stream is being captured (the host check syncs)",
+                  "JF_CHECK_OFFSETS_HOST");
+  JF_CUDA_CHECK(cudaMemcpyAsync(host.data(), offsets, host.size() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, stream));
+  JF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+void check_offsets(const jf_problem& p, const jf_launch& l) {
+  if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return;
+  validate_host_offsets("problem.q_offsets", offsets_to_host(p.q_offsets, p.batch_size, p, l).data(),
+                        p.batch_size, p.q.rows);
+  validate_host_offsets("problem.kv_offsets", offsets_to_host(p.kv_offsets, p.batch_size, p, l).data(),
+                        p.batch_size, p.k.rows);
+}
+
+// Outputs must not overlap each other or any input: a kernel reading q while writing out over
+// the same bytes would give a silently wrong result.
+void check_no_overlap(const std::vector<std::pair<std::string, ByteRange>>& outputs,
+                      const std::vector<std::pair<std::string, ByteRange>>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < outputs.size(); ++j)
+      if (i < j && overlaps(outputs[i].second, outputs[j].second))
+        fail_argument(outputs[i].first, "memory disjoint from " + outputs[j].first, "an overlapping range");
+    for (const auto& in : inputs)
+      if (overlaps(outputs[i].second, in.second))
+        fail_argument(outputs[i].first, "memory disjoint from the input " + in.first, "an overlapping range");
+  }
+}
+
+ByteRange lse_range(const void* lse, int64_t heads, int64_t total_q) {
+  if (lse == nullptr || heads * total_q == 0) return {};
+  const auto b = reinterpret_cast<uintptr_t>(lse);
+  return {b, b + static_cast<uintptr_t>(heads * total_q) * sizeof(float)};
+}
+
+}  // namespace
+
+void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total) {
+  if (offsets[0] != 0) fail_argument(std::string(name) + "[0]", 0, offsets[0]);
+  for (int32_t b = 0; b < batch_size; ++b) {
+    if (offsets[b + 1] < offsets[b]) {
+      std::ostringstream e, g;
+      e << "non-decreasing offsets (>= " << name << "[" << b << "] = " << offsets[b] << ")";
+      g << offsets[b + 1];
+      fail_argument(std::string(name) + "[" + std::to_string(b + 1) + "]", e.str(), g.str());
+    }
+  }
+  if (offsets[batch_size] != total) {
+    std::ostringstream e;
+    e << "the token count " << total;
+    fail_argument(std::string(name) + "[B=" + std::to_string(batch_size) + "]", e.str(), offsets[batch_size]);
+  }
+}
+
+void validate_forward_shapes(const jf_fwd_args& a) {
+  const jf_problem& p = a.problem;
+  check_problem(p);
+  check_launch(a.launch, p);
+  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_pointer_location("lse", a.lse, p.device);
+  const ByteRange lse = lse_range(a.lse, p.q.heads, p.q.rows);
+  check_no_overlap({{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
+                   {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)},
+                    {"v", byte_range(p.v, p.dtype)}});
+}
+
+void validate_backward_shapes(const jf_bwd_args& a) {
+  const jf_problem& p = a.problem;
+  check_problem(p);
+  check_launch(a.launch, p);
+  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_tensor("dout", a.dout, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p);
+  check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p);
+  if (a.lse == nullptr && p.q.rows > 0) fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
+  check_pointer_location("lse", a.lse, p.device);
+  check_no_overlap({{"dq", byte_range(a.dq, p.dtype)}, {"dk", byte_range(a.dk, p.dtype)},
+                    {"dv", byte_range(a.dv, p.dtype)}},
+                   {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)},
+                    {"v", byte_range(p.v, p.dtype)}, {"out", byte_range(a.out, p.dtype)},
+                    {"dout", byte_range(a.dout, p.dtype)}, {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
+}
+
+void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool require_workspace) {
+  validate_forward_shapes(a);
+  if (require_workspace) {
+    check_workspace(a.launch, a.problem, workspace_needed);
+    check_offsets(a.problem, a.launch);
+  }
+}
+
+void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool require_workspace) {
+  validate_backward_shapes(a);
+  if (require_workspace) {
+    check_workspace(a.launch, a.problem, workspace_needed);
+    check_offsets(a.problem, a.launch);
+  }
+}
+
+}  // namespace jagflash::detail

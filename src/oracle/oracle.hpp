@@ -1,0 +1,55 @@
+// GPU oracle: a plain CUDA implementation of forward and backward (fp32 math, no tensor cores),
+// correct over fast. It checks the Hopper kernels on batches too large for the CPU reference.
+//
+// One warp owns one (row, head): the lanes split the head dim, a shuffle reduction gives each
+// score, and the loop runs only over the keys the mask leaves visible. No atomics anywhere, so
+// results are bitwise reproducible.
+#pragma once
+
+#include <jagflash/jagflash.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace jagflash::oracle {
+
+struct Workspace {
+  const int32_t* error_flag;  // non-zero: offsets were found invalid on the device; write nothing
+  float* delta;               // [H, total_q], backward only
+};
+
+using ForwardFn = cudaError_t (*)(const jf_fwd_args&, const Workspace&, cudaStream_t);
+using BackwardFn = cudaError_t (*)(const jf_bwd_args&, const Workspace&, cudaStream_t);
+
+struct Entry {
+  jf_dtype dtype;
+  int head_dim;
+  ForwardFn forward;
+  BackwardFn backward;
+};
+
+// The entry for (dtype, head_dim), or nullptr when this build did not instantiate it.
+const Entry* find(jf_dtype dtype, int head_dim);
+
+// "bf16/128, fp16/64, ...": for error messages of trimmed builds.
+std::string instantiated();
+
+// Bits of the device error flag.
+enum OffsetsError : int32_t {
+  kQFirstNotZero = 1 << 0,
+  kQDecreasing = 1 << 1,
+  kQLastNotTotal = 1 << 2,
+  kKvFirstNotZero = 1 << 3,
+  kKvDecreasing = 1 << 4,
+  kKvLastNotTotal = 1 << 5,
+};
+
+// Zeroes `flag`, then (when `check` is true) validates both offset arrays on the device and
+// sets the bits above. Every oracle kernel reads the flag first.
+cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets,
+                                 int32_t batch_size, int64_t total_q, int64_t total_kv,
+                                 int32_t* flag, bool check, cudaStream_t stream);
+
+}  // namespace jagflash::oracle

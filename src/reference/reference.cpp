@@ -1,0 +1,266 @@
+// CPU reference in float64. Work is split into (sequence, kv head) tasks: a task loads its K and V
+// once, runs every query head of the GQA group against them, and owns the dK/dV rows of that kv
+// head outright, so tasks never write the same element and the result does not depend on how
+// threads pick them up.
+//
+// Per task, every operand is copied into a contiguous row-major [rows, D] double buffer; a query
+// row then needs only its visible key range, so memory is O((Lq + Lk) * D) and no Lq x Lk matrix
+// is ever built.
+#include "reference/reference.hpp"
+
+#include "core/dtype.hpp"
+#include "core/mask.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <thread>
+#include <vector>
+
+namespace jagflash::reference {
+namespace {
+
+// Below this many multiply-adds per thread, starting a thread costs more than it saves.
+constexpr int64_t kMinWorkPerThread = int64_t{1} << 22;
+
+struct Task {
+  int32_t batch;
+  int32_t kv_head;
+};
+
+struct SequenceSpan {
+  int64_t q_begin;
+  int64_t lq;
+  int64_t kv_begin;
+  int64_t lk;
+};
+
+SequenceSpan span_of(const jf_problem& problem, int32_t b) {
+  SequenceSpan s;
+  s.q_begin = problem.q_offsets[b];
+  s.lq = problem.q_offsets[b + 1] - s.q_begin;
+  s.kv_begin = problem.kv_offsets[b];
+  s.lk = problem.kv_offsets[b + 1] - s.kv_begin;
+  return s;
+}
+
+double softmax_scale(const jf_problem& problem) {
+  return problem.scale != 0.0f ? static_cast<double>(problem.scale)
+                               : 1.0 / std::sqrt(static_cast<double>(problem.q.head_dim));
+}
+
+// Every (sequence, kv head) with a row on either side: a sequence with Lq > 0 and Lk = 0 still
+// writes out = 0 / lse = -inf (forward) or dq = 0 (backward), and Lq = 0, Lk > 0 writes
+// dk = dv = 0.
+std::vector<Task> make_tasks(const jf_problem& problem, int64_t* work) {
+  std::vector<Task> tasks;
+  *work = 0;
+  for (int32_t b = 0; b < problem.batch_size; ++b) {
+    const SequenceSpan s = span_of(problem, b);
+    if (s.lq == 0 && s.lk == 0) continue;
+    for (int32_t hk = 0; hk < problem.k.heads; ++hk) tasks.push_back({b, hk});
+    *work += (s.lq + 1) * (s.lk + 1) * problem.q.heads * problem.q.head_dim;
+  }
+  return tasks;
+}
+
+// Runs body(i) for i in [0, count) on up to hardware_concurrency threads; the first exception
+// thrown by any task is rethrown on the caller's thread once every thread has joined.
+void parallel_for(size_t count, int64_t work, const std::function<void(size_t)>& body) {
+  size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min(threads, count);
+  threads = std::min(threads, static_cast<size_t>(std::max<int64_t>(1, work / kMinWorkPerThread)));
+  if (threads <= 1) {
+    for (size_t i = 0; i < count; ++i) body(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        for (size_t i = next++; i < count && !failed; i = next++) body(i);
+      } catch (...) {
+        errors[t] = std::current_exception();
+        failed = true;
+      }
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+// Copies rows [row_begin, row_begin + rows) of one head into dst as a contiguous [rows, D] block.
+template <typename T>
+void load_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head,
+               std::vector<double>& dst) {
+  const int64_t d_count = t.head_dim;
+  dst.resize(static_cast<size_t>(rows * d_count));
+  const T* base = static_cast<const T*>(t.data) + head * t.head_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = base + (row_begin + r) * t.row_stride;
+    double* out = dst.data() + r * d_count;
+    for (int64_t d = 0; d < d_count; ++d) out[d] = static_cast<double>(to_float(row[d]));
+  }
+}
+
+// The inverse of load_head: writes only the view's elements of that head.
+template <typename T>
+void store_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head,
+                const std::vector<double>& src) {
+  const int64_t d_count = t.head_dim;
+  T* base = static_cast<T*>(t.data) + head * t.head_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = base + (row_begin + r) * t.row_stride;
+    const double* in = src.data() + r * d_count;
+    for (int64_t d = 0; d < d_count; ++d) row[d] = from_float<T>(static_cast<float>(in[d]));
+  }
+}
+
+double dot(const double* a, const double* b, int64_t n) {
+  double acc = 0.0;
+  for (int64_t d = 0; d < n; ++d) acc += a[d] * b[d];
+  return acc;
+}
+
+// Fills p[0 .. range.size()) with the softmax probabilities of query row q_row over the keys in
+// range and returns lse. The range must be non-empty.
+double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range,
+                   int64_t d_count, double scale, std::vector<double>& p) {
+  double m_i = -std::numeric_limits<double>::infinity();
+  for (int64_t j = range.lo; j <= range.hi; ++j) {
+    const double s = scale * dot(q_row, k_f64.data() + j * d_count, d_count);
+    p[static_cast<size_t>(j - range.lo)] = s;
+    m_i = std::max(m_i, s);
+  }
+  double l_i = 0.0;
+  const size_t n = static_cast<size_t>(range.size());
+  for (size_t j = 0; j < n; ++j) {
+    p[j] = std::exp(p[j] - m_i);
+    l_i += p[j];
+  }
+  for (size_t j = 0; j < n; ++j) p[j] /= l_i;
+  return m_i + std::log(l_i);
+}
+
+template <typename T>
+void forward_task(const jf_fwd_args& args, const Task& task) {
+  const jf_problem& problem = args.problem;
+  const SequenceSpan s = span_of(problem, task.batch);
+  const int64_t d_count = problem.q.head_dim;
+  const int32_t group = problem.q.heads / problem.k.heads;
+  const int64_t total_q = problem.q_offsets[problem.batch_size];
+  const double scale = softmax_scale(problem);
+  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+
+  std::vector<double> k_f64, v_f64, q_f64, o_f64, p(static_cast<size_t>(s.lk));
+  load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
+  load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
+  for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
+    load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
+    o_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
+    for (int64_t i = 0; i < s.lq; ++i) {
+      const IndexRange range = mask.key_range(i, s.lq, s.lk);
+      double lse = -std::numeric_limits<double>::infinity();
+      if (!range.empty()) {
+        lse = row_softmax(q_f64.data() + i * d_count, k_f64, range, d_count, scale, p);
+        double* o_row = o_f64.data() + i * d_count;
+        for (int64_t j = range.lo; j <= range.hi; ++j) {
+          const double p_ij = p[static_cast<size_t>(j - range.lo)];
+          const double* v_row = v_f64.data() + j * d_count;
+          for (int64_t d = 0; d < d_count; ++d) o_row[d] += p_ij * v_row[d];
+        }
+      }
+      if (args.lse != nullptr) args.lse[h * total_q + s.q_begin + i] = static_cast<float>(lse);
+    }
+    store_head<T>(args.out, s.q_begin, s.lq, h, o_f64);
+  }
+}
+
+// Per query row i and visible key j, with P recomputed exactly:
+//   dV_j += P_ij dO_i,  dP_ij = dO_i . V_j,  delta_i = sum_j P_ij dP_ij,
+//   dS_ij = P_ij (dP_ij - delta_i),  dQ_i = scale sum_j dS_ij K_j,  dK_j += scale dS_ij Q_i.
+// delta comes from P and dP rather than from rowsum(dO * O) with the stored O, so the reference
+// carries no rounding of O.
+template <typename T>
+void backward_task(const jf_bwd_args& args, const Task& task) {
+  const jf_problem& problem = args.problem;
+  const SequenceSpan s = span_of(problem, task.batch);
+  const int64_t d_count = problem.q.head_dim;
+  const int32_t group = problem.q.heads / problem.k.heads;
+  const double scale = softmax_scale(problem);
+  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+
+  std::vector<double> k_f64, v_f64, q_f64, do_f64, dq_f64;
+  std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk));
+  std::vector<double> dk_f64(static_cast<size_t>(s.lk * d_count), 0.0);
+  std::vector<double> dv_f64(static_cast<size_t>(s.lk * d_count), 0.0);
+  load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
+  load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
+  for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
+    load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
+    load_head<T>(args.dout, s.q_begin, s.lq, h, do_f64);
+    dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
+    for (int64_t i = 0; i < s.lq; ++i) {
+      const IndexRange range = mask.key_range(i, s.lq, s.lk);
+      if (range.empty()) continue;
+      const double* q_row = q_f64.data() + i * d_count;
+      const double* do_row = do_f64.data() + i * d_count;
+      row_softmax(q_row, k_f64, range, d_count, scale, p);
+      double delta_i = 0.0;
+      for (int64_t j = range.lo; j <= range.hi; ++j) {
+        const size_t jj = static_cast<size_t>(j - range.lo);
+        dp[jj] = dot(do_row, v_f64.data() + j * d_count, d_count);
+        delta_i += p[jj] * dp[jj];
+      }
+      double* dq_row = dq_f64.data() + i * d_count;
+      for (int64_t j = range.lo; j <= range.hi; ++j) {
+        const size_t jj = static_cast<size_t>(j - range.lo);
+        const double ds_ij = p[jj] * (dp[jj] - delta_i);
+        const double* k_row = k_f64.data() + j * d_count;
+        double* dk_row = dk_f64.data() + j * d_count;
+        double* dv_row = dv_f64.data() + j * d_count;
+        for (int64_t d = 0; d < d_count; ++d) {
+          dq_row[d] += scale * ds_ij * k_row[d];
+          dk_row[d] += scale * ds_ij * q_row[d];
+          dv_row[d] += p[jj] * do_row[d];
+        }
+      }
+    }
+    store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
+  }
+  store_head<T>(args.dk, s.kv_begin, s.lk, task.kv_head, dk_f64);
+  store_head<T>(args.dv, s.kv_begin, s.lk, task.kv_head, dv_f64);
+}
+
+}  // namespace
+
+void forward(const jf_fwd_args& args) {
+  int64_t work = 0;
+  const std::vector<Task> tasks = make_tasks(args.problem, &work);
+  dispatch_dtype(args.problem.dtype, [&](auto storage) {
+    using T = decltype(storage);
+    parallel_for(tasks.size(), work, [&](size_t i) { forward_task<T>(args, tasks[i]); });
+  });
+}
+
+void backward(const jf_bwd_args& args) {
+  int64_t work = 0;
+  const std::vector<Task> tasks = make_tasks(args.problem, &work);
+  dispatch_dtype(args.problem.dtype, [&](auto storage) {
+    using T = decltype(storage);
+    parallel_for(tasks.size(), work, [&](size_t i) { backward_task<T>(args, tasks[i]); });
+  });
+}
+
+}  // namespace jagflash::reference

@@ -1,0 +1,20 @@
+// CPU reference: float64 math over bf16/fp16/fp32 inputs, every feature of the API.
+// It is the oracle of the tests and the path the API runs for CPU pointers.
+#pragma once
+
+#include <jagflash/jagflash.h>
+
+namespace jagflash::reference {
+
+// Both take validated arguments whose pointers are host memory.
+// forward: out (input dtype) and lse (if non-null); a row with no visible key gets out = 0 and
+// lse = -inf.
+void forward(const jf_fwd_args& args);
+
+// backward: dq, dk, dv (input dtype). Recomputes the forward in float64 from q, k, v and uses
+// args.dout; args.out and args.lse are not needed for the math (they are validated by the API).
+// With GQA, dk/dv sum over the query heads of each group. Rows that see no key have zero
+// gradients; keys no query sees get dk = dv = 0.
+void backward(const jf_bwd_args& args);
+
+}  // namespace jagflash::reference

@@ -1,0 +1,125 @@
+// The C API and the C++ wrapper over it: version, errors as status + message, workspace
+// queries, and a forward/backward through the C entry points on CPU pointers.
+#include <jagflash/jagflash.h>
+#include <jagflash/jagflash.hpp>
+
+#include "reference/reference.hpp"
+#include "testing/host_batch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+namespace jagflash {
+namespace {
+
+TEST(CApi, Version) {
+  EXPECT_STREQ(jagflash_version(), "0.1.0");
+  EXPECT_EQ(jagflash_version_number(),
+            JAGFLASH_VERSION_MAJOR * 10000 + JAGFLASH_VERSION_MINOR * 100 + JAGFLASH_VERSION_PATCH);
+  EXPECT_EQ(jagflash::version(), "0.1.0");
+}
+
+TEST(CApi, NullArgumentsAreErrorsWithMessages) {
+  EXPECT_EQ(jagflash_fwd(nullptr), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("args"), std::string::npos);
+  EXPECT_EQ(jagflash_bwd(nullptr), JF_ERR_INVALID_ARGUMENT);
+  jf_fwd_args a{};
+  EXPECT_EQ(jagflash_fwd_workspace_size(&a, nullptr), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("bytes"), std::string::npos);
+  EXPECT_EQ(jagflash_read_device_error(nullptr, nullptr), JF_ERR_INVALID_ARGUMENT);
+}
+
+struct CpuCall {
+  test::HostBatch batch;
+  test::HostTensor out, dout, dq, dk, dv;
+  std::vector<float> lse;
+  jf_fwd_args fwd{};
+  jf_bwd_args bwd{};
+
+  explicit CpuCall(uint64_t seed) {
+    batch = test::make_random_batch({5, 0, 17, 1}, {9, 3, 17, 0}, 4, 2, 64, JF_BF16, seed);
+    const int64_t tq = batch.total_q(), tk = batch.total_kv();
+    out = test::make_tensor(JF_BF16, tq, 4, 64);
+    dout = test::make_tensor(JF_BF16, tq, 4, 64);
+    dq = test::make_tensor(JF_BF16, tq, 4, 64);
+    dk = test::make_tensor(JF_BF16, tk, 2, 64);
+    dv = test::make_tensor(JF_BF16, tk, 2, 64);
+    std::mt19937_64 rng(seed + 1);
+    dout.fill_random(rng);
+    lse.assign(static_cast<size_t>(4 * tq), 0.f);
+    fwd.problem = test::make_problem(batch, JF_MASK_CAUSAL, -1, -1);
+    fwd.out = out.view();
+    fwd.lse = lse.data();
+    bwd.problem = fwd.problem;
+    bwd.out = out.view();
+    bwd.dout = dout.view();
+    bwd.lse = lse.data();
+    bwd.dq = dq.view();
+    bwd.dk = dk.view();
+    bwd.dv = dv.view();
+  }
+};
+
+TEST(CApi, CpuForwardBackwardMatchReferenceAndClearError) {
+  CpuCall call(11);
+  size_t bytes = 123;
+  ASSERT_EQ(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_OK) << jagflash_last_error();
+  EXPECT_EQ(bytes, 0u);  // the CPU path needs no workspace
+  ASSERT_EQ(jagflash_bwd_workspace_size(&call.bwd, &bytes), JF_OK) << jagflash_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(jagflash_fwd(nullptr), JF_ERR_INVALID_ARGUMENT);  // leaves a message ...
+  ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+  EXPECT_STREQ(jagflash_last_error(), "");  // ... which success clears
+  ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+
+  // The same arguments straight into the reference give the same bytes.
+  CpuCall direct(11);
+  reference::forward(direct.fwd);
+  reference::backward(direct.bwd);
+  EXPECT_EQ(call.out.bytes, direct.out.bytes);
+  EXPECT_EQ(call.lse, direct.lse);
+  EXPECT_EQ(call.dq.bytes, direct.dq.bytes);
+  EXPECT_EQ(call.dk.bytes, direct.dk.bytes);
+  EXPECT_EQ(call.dv.bytes, direct.dv.bytes);
+  // Causal, sequence 2 (Lq = Lk = 17): the first row sees only key 0, so out = v[key 0].
+  const int64_t row = call.batch.q_offsets[2], key = call.batch.kv_offsets[2];
+  for (int d = 0; d < 64; ++d) EXPECT_EQ(call.out.get(row, 0, d), call.batch.v.get(key, 0, d));
+}
+
+TEST(CppApi, ThrowsErrorWithStatusAndMessage) {
+  CpuCall call(3);
+  call.fwd.problem.q.head_dim = 96;
+  try {
+    jagflash::forward(call.fwd);
+    FAIL() << "expected jagflash::Error";
+  } catch (const jagflash::Error& e) {
+    EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("96"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(jagflash::forward_workspace_size(CpuCall(3).fwd), 0u);
+}
+
+TEST(CppApi, HelpersBuildValidViews) {
+  const jf_tensor t = jagflash::tensor_view(nullptr, 10, 4, 64);
+  EXPECT_EQ(t.head_stride, 64);
+  EXPECT_EQ(t.row_stride, 256);
+  const jf_tensor s = jagflash::tensor_view(nullptr, 10, 4, 64, 3 * 256);  // a slice of fused QKV
+  EXPECT_EQ(s.row_stride, 768);
+  jf_problem p = jagflash::make_problem(JF_BF16, JF_DEVICE_CPU, 0, nullptr, nullptr, t, t, t);
+  jagflash::set_window(p, 8, 0);
+  EXPECT_EQ(p.mask, JF_MASK_WINDOW);
+  EXPECT_EQ(p.window_left, 8);
+  jagflash::set_causal(p);
+  EXPECT_EQ(p.mask, JF_MASK_CAUSAL);
+  EXPECT_EQ(p.window_left, -1);
+  const std::vector<int32_t> lengths = jagflash::generate_lengths("onegiant", 1);
+  ASSERT_EQ(lengths.size(), 256u);
+  EXPECT_EQ(lengths[0], 16384);
+  EXPECT_THROW(jagflash::generate_lengths("nosuch", 1), jagflash::Error);
+}
+
+}  // namespace
+}  // namespace jagflash

@@ -1,0 +1,653 @@
+// The CPU reference against independent float64 computations written here:
+//  - forward vs a dense per-sequence softmax(Q K^T) V that masks elementwise with
+//    MaskPolicy::visible (the reference iterates key_range instead);
+//  - backward vs central finite differences of that dense forward;
+//  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism.
+#include "reference/reference.hpp"
+
+#include "core/mask.hpp"
+#include "testing/host_batch.hpp"
+
+#include <gtest/gtest.h>
+#include <jagflash/jagflash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace jagflash::test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Unit roundoff of each storage type. The reference rounds double -> float -> storage, which adds
+// at most the float roundoff 2^-24 on top.
+double unit_roundoff(jf_dtype dtype) {
+  switch (dtype) {
+    case JF_BF16: return std::ldexp(1.0, -8);
+    case JF_FP16: return std::ldexp(1.0, -11);
+    case JF_FP32: return std::ldexp(1.0, -24);
+  }
+  return 0.0;
+}
+
+// Relative L2 tolerance on the forward output: fp32 leaves only the final rounding; bf16 and fp16
+// are compared with a naive result computed from the same rounded inputs, so only the output
+// rounding separates them.
+double out_tolerance(jf_dtype dtype) {
+  switch (dtype) {
+    case JF_BF16: return 1e-2;
+    case JF_FP16: return 2e-3;
+    case JF_FP32: return 1e-6;
+  }
+  return 0.0;
+}
+
+// Absolute slack on elementwise bounds: fp16 subnormals are spaced 2^-24 apart, and the two
+// float64 computations sum in different orders (~1e-15 on O(1) terms).
+double abs_slack(jf_dtype dtype) { return (dtype == JF_FP16 ? std::ldexp(1.0, -24) : 0.0) + 1e-12; }
+
+// A batch in float64, each tensor packed as [rows][heads][D].
+struct DenseBatch {
+  int H = 0;
+  int H_kv = 0;
+  int D = 0;
+  std::vector<int32_t> q_offsets;
+  std::vector<int32_t> kv_offsets;
+  std::vector<double> q, k, v;
+};
+
+std::vector<double> to_dense(const HostTensor& t) {
+  std::vector<double> dense(static_cast<size_t>(t.rows * t.heads * t.head_dim));
+  size_t i = 0;
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int h = 0; h < t.heads; ++h)
+      for (int d = 0; d < t.head_dim; ++d) dense[i++] = t.get(r, h, d);
+  return dense;
+}
+
+DenseBatch to_dense(const HostBatch& batch) {
+  DenseBatch dense;
+  dense.H = batch.H;
+  dense.H_kv = batch.H_kv;
+  dense.D = batch.D;
+  dense.q_offsets = batch.q_offsets;
+  dense.kv_offsets = batch.kv_offsets;
+  dense.q = to_dense(batch.q);
+  dense.k = to_dense(batch.k);
+  dense.v = to_dense(batch.v);
+  return dense;
+}
+
+struct NaiveResult {
+  std::vector<double> out;  // [total_q][H][D]
+  std::vector<double> lse;  // [H][total_q]
+};
+
+// Builds the full Lq x Lk score matrix of every (sequence, head), masks it elementwise, softmaxes
+// each row and multiplies by V.
+NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double scale) {
+  const int64_t total_q = in.q_offsets.back();
+  const int H = in.H, H_kv = in.H_kv, D = in.D;
+  NaiveResult res;
+  res.out.assign(static_cast<size_t>(total_q * H * D), 0.0);
+  res.lse.assign(static_cast<size_t>(H * total_q), -kInf);
+  for (size_t b = 0; b + 1 < in.q_offsets.size(); ++b) {
+    const int64_t q0 = in.q_offsets[b], lq = in.q_offsets[b + 1] - q0;
+    const int64_t k0 = in.kv_offsets[b], lk = in.kv_offsets[b + 1] - k0;
+    std::vector<double> s(static_cast<size_t>(lq * lk));
+    for (int h = 0; h < H; ++h) {
+      const int hk = h / (H / H_kv);
+      for (int64_t i = 0; i < lq; ++i)
+        for (int64_t j = 0; j < lk; ++j) {
+          double acc = 0.0;
+          for (int d = 0; d < D; ++d)
+            acc += in.q[((q0 + i) * H + h) * D + d] * in.k[((k0 + j) * H_kv + hk) * D + d];
+          s[i * lk + j] = mask.visible(i, j, lq, lk) ? scale * acc : -kInf;
+        }
+      for (int64_t i = 0; i < lq; ++i) {
+        double m = -kInf;
+        for (int64_t j = 0; j < lk; ++j) m = std::max(m, s[i * lk + j]);
+        if (m == -kInf) continue;
+        double l = 0.0;
+        for (int64_t j = 0; j < lk; ++j) {
+          s[i * lk + j] = std::exp(s[i * lk + j] - m);
+          l += s[i * lk + j];
+        }
+        double* o = &res.out[((q0 + i) * H + h) * D];
+        for (int64_t j = 0; j < lk; ++j)
+          for (int d = 0; d < D; ++d)
+            o[d] += s[i * lk + j] / l * in.v[((k0 + j) * H_kv + hk) * D + d];
+        res.lse[h * total_q + q0 + i] = m + std::log(l);
+      }
+    }
+  }
+  return res;
+}
+
+struct MaskCase {
+  const char* name;
+  jf_mask mask;
+  int window_left;
+  int window_right;
+};
+
+const std::vector<MaskCase>& all_masks() {
+  static const std::vector<MaskCase> masks = {
+      {"none", JF_MASK_NONE, -1, -1},          {"causal", JF_MASK_CAUSAL, -1, 0},
+      {"win3_0", JF_MASK_WINDOW, 3, 0},        {"win0_5", JF_MASK_WINDOW, 0, 5},
+      {"win16_16", JF_MASK_WINDOW, 16, 16},    {"winInf_7", JF_MASK_WINDOW, -1, 7},
+      {"win7_Inf", JF_MASK_WINDOW, 7, -1},
+  };
+  return masks;
+}
+
+struct HeadCase {
+  const char* name;
+  int H;
+  int H_kv;
+};
+
+const std::vector<HeadCase>& all_heads() {
+  static const std::vector<HeadCase> heads = {{"mha", 4, 4}, {"gqa", 4, 2}, {"mqa", 4, 1}};
+  return heads;
+}
+
+MaskPolicy policy_of(const MaskCase& m) {
+  return MaskPolicy::from(m.mask, m.window_left, m.window_right);
+}
+
+double scale_of(float scale, int D) {
+  return scale != 0.0f ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
+struct ForwardResult {
+  HostTensor out;
+  std::vector<float> lse;
+};
+
+constexpr double kSentinel = 777.0;
+
+ForwardResult run_forward(HostBatch& batch, const MaskCase& m, float scale, int out_pad) {
+  ForwardResult res{make_tensor(batch.dtype, batch.total_q(), batch.H, batch.D, out_pad), {}};
+  res.out.fill(kSentinel);
+  res.lse.assign(static_cast<size_t>(batch.H * batch.total_q()), static_cast<float>(kSentinel));
+  jf_fwd_args args{};
+  args.problem = make_problem(batch, m.mask, m.window_left, m.window_right, scale);
+  args.out = res.out.view();
+  args.lse = res.lse.data();
+  reference::forward(args);
+  return res;
+}
+
+struct Grads {
+  HostTensor dq, dk, dv;
+};
+
+Grads run_backward(HostBatch& batch, const MaskCase& m, float scale, HostTensor& out,
+                   std::vector<float>& lse, HostTensor& dout, int grad_pad) {
+  Grads g{make_tensor(batch.dtype, batch.total_q(), batch.H, batch.D, grad_pad),
+          make_tensor(batch.dtype, batch.total_kv(), batch.H_kv, batch.D, grad_pad),
+          make_tensor(batch.dtype, batch.total_kv(), batch.H_kv, batch.D, grad_pad)};
+  g.dq.fill(kSentinel);
+  g.dk.fill(kSentinel);
+  g.dv.fill(kSentinel);
+  jf_bwd_args args{};
+  args.problem = make_problem(batch, m.mask, m.window_left, m.window_right, scale);
+  args.out = out.view();
+  args.dout = dout.view();
+  args.lse = lse.data();
+  args.dq = g.dq.view();
+  args.dk = g.dk.view();
+  args.dv = g.dv.view();
+  reference::backward(args);
+  return g;
+}
+
+// Elementwise: |got - want| <= (u + 2^-24) |want| + slack, the most the final double -> float ->
+// dtype rounding may move a value (the factor covers the second-order term of double rounding),
+// plus extra_rel when want carries a rounding of its own; and a relative L2 bound per dtype.
+void expect_tensor_near(const HostTensor& got, const std::vector<double>& want, double rel_l2_tol,
+                        const char* what, double extra_rel = 0.0) {
+  const double u = (unit_roundoff(got.dtype) + std::ldexp(1.0, -24)) * (1.0 + 1e-6) + extra_rel;
+  double diff2 = 0.0, want2 = 0.0;
+  int64_t bad = 0;
+  size_t i = 0;
+  for (int64_t r = 0; r < got.rows; ++r)
+    for (int h = 0; h < got.heads; ++h)
+      for (int d = 0; d < got.head_dim; ++d, ++i) {
+        const double g = got.get(r, h, d), w = want[i];
+        diff2 += (g - w) * (g - w);
+        want2 += w * w;
+        if (!(std::abs(g - w) <= u * std::abs(w) + abs_slack(got.dtype))) {
+          if (bad++ < 3)
+            ADD_FAILURE() << what << " (" << r << "," << h << "," << d << "): got " << g
+                          << " want " << w;
+        }
+      }
+  EXPECT_EQ(bad, 0) << what << ": elements outside the rounding bound";
+  const double rel = std::sqrt(diff2) / std::max(std::sqrt(want2), 1e-30);
+  EXPECT_LE(rel, rel_l2_tol) << what << ": relative L2 error";
+}
+
+// lse and out where no key is visible must be exactly -inf and 0; elsewhere lse is finite and
+// within the float rounding of the naive value.
+void expect_forward_matches(const ForwardResult& got, const NaiveResult& want, jf_dtype dtype) {
+  expect_tensor_near(got.out, want.out, out_tolerance(dtype), "out");
+  const int64_t total_q = got.out.rows;
+  int64_t empty_rows = 0, bad = 0;
+  for (int h = 0; h < got.out.heads; ++h)
+    for (int64_t r = 0; r < total_q; ++r) {
+      const double g = got.lse[h * total_q + r], w = want.lse[h * total_q + r];
+      if (w == -kInf) {
+        ++empty_rows;
+        EXPECT_EQ(g, -kInf) << "lse of empty row " << r << " head " << h;
+        for (int d = 0; d < got.out.head_dim; ++d)
+          EXPECT_EQ(got.out.get(r, h, d), 0.0) << "out of empty row " << r << " head " << h;
+      } else if (!(std::abs(g - w) <= std::ldexp(1.0, -23) * std::abs(w) + 1e-12)) {
+        if (bad++ < 3)
+          ADD_FAILURE() << "lse row " << r << " head " << h << ": got " << g << " want " << w;
+      }
+    }
+  EXPECT_EQ(bad, 0) << "lse elements outside the float rounding bound";
+  // Every batch here has a sequence with Lq > 0 and Lk = 0, so the empty-row branch is exercised.
+  EXPECT_GT(empty_rows, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// a) forward vs the dense naive computation
+
+// Awkward lengths: 0, 1, tile edges 63/64/65/127/129, primes; q != kv both ways, Lk = 0 with
+// Lq > 0, Lq = 0 with Lk > 0.
+const std::vector<int32_t> kLenQ = {0, 1, 2, 63, 64, 65, 127, 129, 17, 31, 97, 131, 5, 0, 64, 1};
+const std::vector<int32_t> kLenKv = {0, 1, 3, 64, 63, 131, 127, 17, 129, 0, 97, 31, 0, 7, 65, 2};
+
+struct ForwardCase {
+  std::string name;
+  MaskCase mask;
+  HeadCase heads;
+  jf_dtype dtype;
+  int D;
+  int in_pad;
+  int out_pad;
+  float scale;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const ForwardCase& c) { return os << c.name; }
+
+std::vector<ForwardCase> forward_cases() {
+  std::vector<ForwardCase> cases;
+  const jf_dtype dtypes[] = {JF_FP32, JF_BF16, JF_FP16};
+  uint64_t seed = 1000;
+  for (size_t mi = 0; mi < all_masks().size(); ++mi)
+    for (size_t hi = 0; hi < all_heads().size(); ++hi)
+      for (size_t di = 0; di < 3; ++di) {
+        ForwardCase c;
+        c.mask = all_masks()[mi];
+        c.heads = all_heads()[hi];
+        c.dtype = dtypes[di];
+        c.D = 64;
+        // Cycle through the four (input, output) padding combinations.
+        c.in_pad = ((mi + hi + di) % 2) * 8;
+        c.out_pad = ((mi + hi) % 2) * 8;
+        c.scale = (di == 0 && hi == 1) ? 0.3f : 0.0f;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+  {
+    ForwardCase c{"", all_masks()[1], all_heads()[1], JF_BF16, 128, 8, 8, 0.0f, seed++};
+    cases.push_back(c);
+    ForwardCase w{"", all_masks()[4], all_heads()[2], JF_FP32, 128, 0, 8, 0.0f, seed++};
+    cases.push_back(w);
+  }
+  for (ForwardCase& c : cases)
+    c.name = std::string(c.mask.name) + "_" + c.heads.name + "_" + dtype_name(c.dtype) + "_d" +
+             std::to_string(c.D) + "_pad" + std::to_string(c.in_pad) + "_" +
+             std::to_string(c.out_pad) + (c.scale != 0.0f ? "_scaled" : "");
+  return cases;
+}
+
+class ReferenceForward : public ::testing::TestWithParam<ForwardCase> {};
+
+TEST_P(ReferenceForward, MatchesDenseNaive) {
+  const ForwardCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  HostBatch batch =
+      make_random_batch(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, c.D, c.dtype, c.seed, c.in_pad);
+  const ForwardResult got = run_forward(batch, c.mask, c.scale, c.out_pad);
+  const NaiveResult want =
+      naive_forward(to_dense(batch), policy_of(c.mask), scale_of(c.scale, c.D));
+  expect_forward_matches(got, want, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMasksHeadsDtypes, ReferenceForward,
+                         ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<ForwardCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(ReferenceForwardScale, ZeroMeansInverseSqrtHeadDim) {
+  const uint64_t seed = 2000;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  HostBatch batch = make_random_batch({17, 5}, {31, 5}, 2, 2, 64, JF_FP32, seed);
+  const MaskCase none = all_masks()[0];
+  const ForwardResult implicit = run_forward(batch, none, 0.0f, 0);
+  const ForwardResult explicit_scale = run_forward(batch, none, 0.125f, 0);
+  const ForwardResult other = run_forward(batch, none, 0.5f, 0);
+  EXPECT_EQ(implicit.out.bytes, explicit_scale.out.bytes);
+  EXPECT_EQ(implicit.lse, explicit_scale.lse);
+  EXPECT_NE(implicit.out.bytes, other.out.bytes);
+}
+
+TEST(ReferenceForwardLse, NullLseWritesTheSameOut) {
+  const uint64_t seed = 2001;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  HostBatch batch = make_random_batch({33, 0, 8}, {20, 4, 0}, 4, 2, 64, JF_BF16, seed);
+  const MaskCase causal = all_masks()[1];
+  const ForwardResult with_lse = run_forward(batch, causal, 0.0f, 0);
+  HostTensor out = make_tensor(JF_BF16, batch.total_q(), 4, 64);
+  out.fill(kSentinel);
+  jf_fwd_args args{};
+  args.problem = make_problem(batch, causal.mask, causal.window_left, causal.window_right);
+  args.out = out.view();
+  args.lse = nullptr;
+  reference::forward(args);
+  EXPECT_EQ(out.bytes, with_lse.out.bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// b) backward vs central finite differences of the dense naive forward
+
+const std::vector<int32_t> kFdLenQ = {3, 0, 5, 1, 9, 20, 4, 6};
+const std::vector<int32_t> kFdLenKv = {4, 2, 0, 1, 7, 20, 9, 6};
+
+struct BackwardCase {
+  std::string name;
+  MaskCase mask;
+  HeadCase heads;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const BackwardCase& c) { return os << c.name; }
+
+std::vector<BackwardCase> backward_cases() {
+  std::vector<BackwardCase> cases;
+  uint64_t seed = 3000;
+  for (const MaskCase& m : all_masks())
+    for (const HeadCase& h : all_heads())
+      cases.push_back({std::string(m.name) + "_" + h.name, m, h, seed++});
+  return cases;
+}
+
+double loss_of(const DenseBatch& in, const MaskPolicy& mask, double scale,
+               const std::vector<double>& dout) {
+  const NaiveResult r = naive_forward(in, mask, scale);
+  double loss = 0.0;
+  for (size_t i = 0; i < dout.size(); ++i) loss += r.out[i] * dout[i];
+  return loss;
+}
+
+double max_abs(const HostTensor& t) {
+  double m = 0.0;
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int h = 0; h < t.heads; ++h)
+      for (int d = 0; d < t.head_dim; ++d) m = std::max(m, std::abs(t.get(r, h, d)));
+  return m;
+}
+
+class ReferenceBackward : public ::testing::TestWithParam<BackwardCase> {};
+
+TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
+  const BackwardCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kD = 64;
+  constexpr int kSamples = 20;
+  constexpr double kStep = 1e-4;
+  constexpr double kTol = 1e-4;
+  HostBatch batch =
+      make_random_batch(kFdLenQ, kFdLenKv, c.heads.H, c.heads.H_kv, kD, JF_FP32, c.seed, 3);
+  HostTensor dout = make_tensor(JF_FP32, batch.total_q(), c.heads.H, kD, 5);
+  std::mt19937_64 rng(c.seed ^ 0x5eedULL);
+  dout.fill_random(rng);
+  ForwardResult fwd = run_forward(batch, c.mask, 0.0f, 0);
+  const Grads g = run_backward(batch, c.mask, 0.0f, fwd.out, fwd.lse, dout, 7);
+
+  const MaskPolicy mask = policy_of(c.mask);
+  const double scale = scale_of(0.0f, kD);
+  const DenseBatch base = to_dense(batch);
+  const std::vector<double> dout_dense = to_dense(dout);
+
+  struct Target {
+    const char* name;
+    std::vector<double> DenseBatch::*field;
+    const HostTensor* grad;
+    int heads;
+  };
+  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, c.heads.H},
+                            {"dk", &DenseBatch::k, &g.dk, c.heads.H_kv},
+                            {"dv", &DenseBatch::v, &g.dv, c.heads.H_kv}};
+  for (const Target& t : targets) {
+    const double grad_max = max_abs(*t.grad);
+    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
+    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
+    for (int s = 0; s < kSamples; ++s) {
+      const size_t idx = pick(rng);
+      DenseBatch x = base;
+      (x.*(t.field))[idx] += kStep;
+      const double plus = loss_of(x, mask, scale, dout_dense);
+      (x.*(t.field))[idx] -= 2 * kStep;
+      const double minus = loss_of(x, mask, scale, dout_dense);
+      const double fd = (plus - minus) / (2 * kStep);
+      const int64_t r = static_cast<int64_t>(idx / (t.heads * kD));
+      const int h = static_cast<int>(idx / kD % t.heads);
+      const int d = static_cast<int>(idx % kD);
+      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
+          << t.name << " (" << r << "," << h << "," << d << ")";
+    }
+  }
+
+  // Exact zeros: query rows that see no key, keys that no query sees (visibility does not depend
+  // on the head). The FD batch holds Lq > 0 with Lk = 0 and Lq = 0 with Lk > 0, so both occur.
+  int64_t blind_rows = 0, unseen_keys = 0;
+  for (size_t b = 0; b < kFdLenQ.size(); ++b) {
+    const int64_t lq = kFdLenQ[b], lk = kFdLenKv[b];
+    const int64_t q0 = batch.q_offsets[b], k0 = batch.kv_offsets[b];
+    for (int64_t i = 0; i < lq; ++i) {
+      bool sees = false;
+      for (int64_t j = 0; j < lk; ++j) sees = sees || mask.visible(i, j, lq, lk);
+      if (sees) continue;
+      ++blind_rows;
+      for (int h = 0; h < c.heads.H; ++h)
+        for (int d = 0; d < kD; ++d) ASSERT_EQ(g.dq.get(q0 + i, h, d), 0.0) << "dq row " << q0 + i;
+    }
+    for (int64_t j = 0; j < lk; ++j) {
+      bool seen = false;
+      for (int64_t i = 0; i < lq; ++i) seen = seen || mask.visible(i, j, lq, lk);
+      if (seen) continue;
+      ++unseen_keys;
+      for (int h = 0; h < c.heads.H_kv; ++h)
+        for (int d = 0; d < kD; ++d) {
+          ASSERT_EQ(g.dk.get(k0 + j, h, d), 0.0) << "dk row " << k0 + j;
+          ASSERT_EQ(g.dv.get(k0 + j, h, d), 0.0) << "dv row " << k0 + j;
+        }
+    }
+  }
+  EXPECT_GT(blind_rows, 0);
+  EXPECT_GT(unseen_keys, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllMasksHeads, ReferenceBackward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<BackwardCase>& info) {
+                           return info.param.name;
+                         });
+
+// bf16/fp16 backward against the fp32 backward of the same (rounded) inputs: the math is float64
+// in both, so only the rounding of the gradients separates them.
+TEST(ReferenceBackwardDtypes, HalfPrecisionMatchesFp32OfSameInputs) {
+  const std::vector<int32_t> len_q = {65, 0, 17, 129, 3};
+  const std::vector<int32_t> len_kv = {31, 5, 0, 127, 64};
+  uint64_t seed = 4000;
+  for (jf_dtype dtype : {JF_BF16, JF_FP16})
+    for (const MaskCase& m : {all_masks()[1], all_masks()[4], all_masks()[6]}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + m.name + " seed " + std::to_string(seed));
+      HostBatch half = make_random_batch(len_q, len_kv, 4, 2, 64, dtype, seed, 8);
+      HostTensor dout_half = make_tensor(dtype, half.total_q(), 4, 64);
+      std::mt19937_64 rng(seed++);
+      dout_half.fill_random(rng);
+
+      HostBatch full = half;
+      full.dtype = JF_FP32;
+      HostTensor dout_full = make_tensor(JF_FP32, half.total_q(), 4, 64);
+      for (HostTensor* t : {&full.q, &full.k, &full.v}) {
+        const HostTensor src = *t;
+        *t = make_tensor(JF_FP32, src.rows, src.heads, src.head_dim, 8);
+        for (int64_t r = 0; r < src.rows; ++r)
+          for (int h = 0; h < src.heads; ++h)
+            for (int d = 0; d < src.head_dim; ++d) t->set(r, h, d, src.get(r, h, d));
+      }
+      for (int64_t r = 0; r < dout_half.rows; ++r)
+        for (int h = 0; h < 4; ++h)
+          for (int d = 0; d < 64; ++d) dout_full.set(r, h, d, dout_half.get(r, h, d));
+
+      ForwardResult fwd_half = run_forward(half, m, 0.0f, 0);
+      ForwardResult fwd_full = run_forward(full, m, 0.0f, 0);
+      const Grads got = run_backward(half, m, 0.0f, fwd_half.out, fwd_half.lse, dout_half, 0);
+      const Grads want = run_backward(full, m, 0.0f, fwd_full.out, fwd_full.lse, dout_full, 0);
+      const double tol = out_tolerance(dtype);
+      // want carries its own float rounding, hence the extra 2^-23 in the bound.
+      const double want_rounding = std::ldexp(1.0, -23);
+      expect_tensor_near(got.dq, to_dense(want.dq), tol, "dq", want_rounding);
+      expect_tensor_near(got.dk, to_dense(want.dk), tol, "dk", want_rounding);
+      expect_tensor_near(got.dv, to_dense(want.dv), tol, "dv", want_rounding);
+      EXPECT_GT(max_abs(want.dk), 0.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// c) writes stay inside the views; inputs are not modified
+
+// Whether each flat element of t's buffer belongs to the view.
+std::vector<bool> view_elements(const HostTensor& t) {
+  std::vector<bool> in_view(static_cast<size_t>(t.element_count()), false);
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int h = 0; h < t.heads; ++h)
+      for (int d = 0; d < t.head_dim; ++d) in_view[static_cast<size_t>(t.offset(r, h, d))] = true;
+  return in_view;
+}
+
+// Padding keeps the sentinel; every view element was overwritten with a finite value.
+void expect_written_only_in_view(const HostTensor& t, const char* what) {
+  const std::vector<bool> in_view = view_elements(t);
+  HostTensor probe = make_tensor(t.dtype, 1, 1, 1);
+  probe.fill(kSentinel);
+  const double sentinel = probe.get(0, 0, 0);  // kSentinel as the dtype stores it
+  int64_t padding = 0;
+  for (int64_t i = 0; i < t.element_count(); ++i) {
+    const double x = t.get_flat(i);
+    if (in_view[static_cast<size_t>(i)]) {
+      ASSERT_TRUE(std::isfinite(x) && std::abs(x) < 100.0)
+          << what << " element " << i << " = " << x;
+    } else {
+      ++padding;
+      ASSERT_EQ(x, sentinel) << what << " padding element " << i << " was overwritten";
+    }
+  }
+  EXPECT_GT(padding, 0) << what << " has no padding: the check would be vacuous";
+}
+
+TEST(ReferenceViews, WritesOnlyInsideStrides) {
+  const std::vector<int32_t> len_q = {9, 5, 0, 17};
+  const std::vector<int32_t> len_kv = {12, 0, 4, 17};
+  uint64_t seed = 5000;
+  for (jf_dtype dtype : {JF_FP32, JF_BF16, JF_FP16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " seed " + std::to_string(seed));
+    constexpr int kH = 4, kHkv = 2, kD = 64;
+    HostBatch batch = make_random_batch(len_q, len_kv, kH, kHkv, kD, dtype, seed, 8);
+    // Inputs with gaps between heads too, so a reader that ignores head_stride would see them.
+    for (HostTensor* t : {&batch.q, &batch.k, &batch.v}) {
+      const HostTensor src = *t;
+      *t = make_tensor(dtype, src.rows, src.heads, src.head_dim, 8, 4);
+      t->fill(kSentinel);
+      for (int64_t r = 0; r < src.rows; ++r)
+        for (int h = 0; h < src.heads; ++h)
+          for (int d = 0; d < src.head_dim; ++d) t->set(r, h, d, src.get(r, h, d));
+    }
+    const HostBatch inputs_before = batch;
+    const MaskCase m = all_masks()[2];
+
+    HostTensor out = make_tensor(dtype, batch.total_q(), kH, kD, 8, 3);
+    out.fill(kSentinel);
+    std::vector<float> lse(static_cast<size_t>(kH * batch.total_q()),
+                           static_cast<float>(kSentinel));
+    jf_fwd_args fwd{};
+    fwd.problem = make_problem(batch, m.mask, m.window_left, m.window_right);
+    fwd.out = out.view();
+    fwd.lse = lse.data();
+    reference::forward(fwd);
+    expect_written_only_in_view(out, "out");
+    for (float x : lse) EXPECT_NE(x, static_cast<float>(kSentinel)) << "lse entry not written";
+    // Values too: a reader that strays into the poisoned input padding would be caught here.
+    expect_forward_matches(ForwardResult{out, lse},
+                           naive_forward(to_dense(batch), policy_of(m), scale_of(0.0f, kD)), dtype);
+
+    HostTensor dout = make_tensor(dtype, batch.total_q(), kH, kD, 6, 2);
+    dout.fill(kSentinel);
+    std::mt19937_64 rng(seed++);
+    dout.fill_random(rng);
+    const HostTensor dout_before = dout;
+    HostTensor dq = make_tensor(dtype, batch.total_q(), kH, kD, 8, 3);
+    HostTensor dk = make_tensor(dtype, batch.total_kv(), kHkv, kD, 8, 3);
+    HostTensor dv = make_tensor(dtype, batch.total_kv(), kHkv, kD, 5, 1);
+    for (HostTensor* t : {&dq, &dk, &dv}) t->fill(kSentinel);
+    jf_bwd_args bwd{};
+    bwd.problem = fwd.problem;
+    bwd.out = out.view();
+    bwd.dout = dout.view();
+    bwd.lse = lse.data();
+    bwd.dq = dq.view();
+    bwd.dk = dk.view();
+    bwd.dv = dv.view();
+    reference::backward(bwd);
+    expect_written_only_in_view(dq, "dq");
+    expect_written_only_in_view(dk, "dk");
+    expect_written_only_in_view(dv, "dv");
+
+    EXPECT_EQ(batch.q.bytes, inputs_before.q.bytes);
+    EXPECT_EQ(batch.k.bytes, inputs_before.k.bytes);
+    EXPECT_EQ(batch.v.bytes, inputs_before.v.bytes);
+    EXPECT_EQ(dout.bytes, dout_before.bytes);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism: a batch large enough for the reference to use several threads gives bit-identical
+// results on every run.
+
+TEST(ReferenceDeterminism, RepeatedRunsAreBitIdentical) {
+  const uint64_t seed = 6000;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  HostBatch batch = make_random_batch({300, 257, 512, 1, 0, 129}, {300, 511, 257, 0, 3, 129}, 4, 2,
+                                      64, JF_BF16, seed);
+  const MaskCase m = all_masks()[1];
+  HostTensor dout = make_tensor(JF_BF16, batch.total_q(), 4, 64);
+  std::mt19937_64 rng(seed);
+  dout.fill_random(rng);
+  ForwardResult first = run_forward(batch, m, 0.0f, 0);
+  ForwardResult second = run_forward(batch, m, 0.0f, 0);
+  EXPECT_EQ(first.out.bytes, second.out.bytes);
+  EXPECT_EQ(first.lse, second.lse);
+  const Grads g1 = run_backward(batch, m, 0.0f, first.out, first.lse, dout, 0);
+  const Grads g2 = run_backward(batch, m, 0.0f, first.out, first.lse, dout, 0);
+  EXPECT_EQ(g1.dq.bytes, g2.dq.bytes);
+  EXPECT_EQ(g1.dk.bytes, g2.dk.bytes);
+  EXPECT_EQ(g1.dv.bytes, g2.dv.bytes);
+}
+
+}  // namespace
+}  // namespace jagflash::test

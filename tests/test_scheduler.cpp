@@ -1,0 +1,434 @@
+// Scheduler tests: the tiles and costs of build_tiles against a brute force over every (query,
+// key) pair, the LPT order, the snake assignment, and the makespans on the benchmark batches.
+#include "core/mask.hpp"
+#include "gen/distributions.hpp"
+#include "schedule/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <iomanip>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace jagflash::schedule {
+namespace {
+
+struct NamedMask {
+  std::string name;
+  MaskPolicy policy;
+};
+
+MaskPolicy window(int32_t left, int32_t right) {
+  MaskPolicy m;
+  m.left = left;
+  m.right = right;
+  return m;
+}
+
+// none, causal, and windows on both sides of the tile sizes: (0,0) is one key wide, (3,5) and
+// (16,16) are narrower than every tile used here, (64,0) than the 128 tiles.
+std::vector<NamedMask> all_masks() {
+  return {{"none", window(-1, -1)},     {"causal", window(-1, 0)},   {"window(64,0)", window(64, 0)},
+          {"window(200,200)", window(200, 200)}, {"window(0,-1)", window(0, -1)},
+          {"window(0,0)", window(0, 0)}, {"window(3,5)", window(3, 5)},
+          {"window(16,16)", window(16, 16)}, {"window(-1,7)", window(-1, 7)},
+          {"window(5,-1)", window(5, -1)},  {"window(0,100)", window(0, 100)}};
+}
+
+std::vector<TileShape> all_shapes() { return {{128, 128}, {64, 128}, {128, 64}, {32, 16}}; }
+
+const char* direction_name(Direction d) { return d == Direction::kForward ? "forward" : "backward"; }
+
+std::string describe(const NamedMask& mask, TileShape shape, Direction d) {
+  std::ostringstream s;
+  s << direction_name(d) << ", mask " << mask.name << ", tile " << shape.tile_m << "x" << shape.tile_n;
+  return s.str();
+}
+
+struct Batch {
+  std::vector<int32_t> len_q;
+  std::vector<int32_t> len_kv;
+  std::vector<int32_t> q_offsets;
+  std::vector<int32_t> kv_offsets;
+  int size() const { return static_cast<int>(len_q.size()); }
+};
+
+std::vector<int32_t> offsets_of(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> offsets(lengths.size() + 1, 0);
+  for (size_t b = 0; b < lengths.size(); ++b) offsets[b + 1] = offsets[b] + lengths[b];
+  return offsets;
+}
+
+Batch make_batch(std::vector<int32_t> len_q, std::vector<int32_t> len_kv) {
+  Batch batch;
+  batch.q_offsets = offsets_of(len_q);
+  batch.kv_offsets = offsets_of(len_kv);
+  batch.len_q = std::move(len_q);
+  batch.len_kv = std::move(len_kv);
+  return batch;
+}
+
+// Fixed pairs that cover every awkward case at least once: empty sides, 1, both sides of 64 and
+// 128, Lq > Lk and Lq < Lk.
+Batch awkward_batch() {
+  return make_batch({0, 5, 0, 1, 63, 64, 65, 127, 129, 64, 129, 65, 300, 127, 1, 200, 128, 257},
+                    {5, 0, 0, 1, 63, 63, 129, 128, 129, 64, 65, 300, 127, 300, 200, 1, 128, 17});
+}
+
+// Random jagged batch: lengths mostly from the awkward set, some uniform in [0, 300]; kv equal to
+// q in a third of the sequences. mt19937_64's raw output is specified by the standard, so a seed
+// names the same batch with every standard library.
+Batch random_batch(uint64_t seed) {
+  static const int32_t kAwkward[] = {0, 1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 255, 257};
+  const int32_t num_awkward = static_cast<int32_t>(sizeof(kAwkward) / sizeof(kAwkward[0]));
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int32_t n) { return static_cast<int32_t>(rng() % static_cast<uint64_t>(n)); };
+  auto length = [&]() { return pick(2) == 0 ? kAwkward[pick(num_awkward)] : pick(301); };
+  const int batch_size = 1 + pick(12);
+  std::vector<int32_t> len_q, len_kv;
+  for (int b = 0; b < batch_size; ++b) {
+    const int32_t lq = length();
+    len_q.push_back(lq);
+    len_kv.push_back(pick(3) == 0 ? lq : length());
+  }
+  return make_batch(len_q, len_kv);
+}
+
+std::vector<Batch> test_batches(std::vector<uint64_t>* seeds) {
+  std::vector<Batch> batches{awkward_batch()};
+  seeds->assign(1, 0);  // 0 marks the fixed awkward batch
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    batches.push_back(random_batch(seed));
+    seeds->push_back(seed);
+  }
+  return batches;
+}
+
+int64_t blocks_of(int64_t length, int tile) { return (length + tile - 1) / tile; }
+
+// The tiles build_tiles must return, enumerated from the definition: a block belongs to the
+// sequence when at least one of its rows is inside the sequence.
+std::vector<std::tuple<int, int, int>> enumerate_tiles(const Batch& batch, int num_heads,
+                                                       TileShape shape, Direction d) {
+  std::vector<std::tuple<int, int, int>> tiles;
+  const int own_tile = d == Direction::kForward ? shape.tile_m : shape.tile_n;
+  for (int b = 0; b < batch.size(); ++b) {
+    const int64_t own_len = d == Direction::kForward ? batch.len_q[b] : batch.len_kv[b];
+    for (int h = 0; h < num_heads; ++h) {
+      for (int blk = 0; static_cast<int64_t>(blk) * own_tile < own_len + 2 * own_tile; ++blk) {
+        bool has_row = false;
+        for (int r = 0; r < own_tile; ++r) has_row |= static_cast<int64_t>(blk) * own_tile + r < own_len;
+        if (has_row) tiles.emplace_back(b, h, blk);
+      }
+    }
+  }
+  return tiles;
+}
+
+// Brute-force block visibility of one sequence: touched[m][n] is true when q block m and kv block
+// n hold at least one visible pair, from MaskPolicy::visible over every pair.
+std::vector<std::vector<bool>> touched_blocks(const MaskPolicy& mask, int64_t lq, int64_t lk,
+                                              TileShape shape) {
+  std::vector<std::vector<bool>> touched(static_cast<size_t>(blocks_of(lq, shape.tile_m)),
+                                         std::vector<bool>(static_cast<size_t>(blocks_of(lk, shape.tile_n)), false));
+  for (int64_t i = 0; i < lq; ++i) {
+    for (int64_t j = 0; j < lk; ++j) {
+      if (mask.visible(i, j, lq, lk)) touched[static_cast<size_t>(i / shape.tile_m)][static_cast<size_t>(j / shape.tile_n)] = true;
+    }
+  }
+  return touched;
+}
+
+int32_t brute_cost(const std::vector<std::vector<bool>>& touched, int block, Direction d) {
+  int32_t cost = 0;
+  if (d == Direction::kForward) {
+    for (const bool t : touched[static_cast<size_t>(block)]) cost += t ? 1 : 0;
+  } else {
+    for (const auto& row : touched) cost += row[static_cast<size_t>(block)] ? 1 : 0;
+  }
+  return cost;
+}
+
+constexpr int kHeads = 3;
+constexpr Direction kDirections[] = {Direction::kForward, Direction::kBackward};
+
+// (a) Exactly the tiles with rows, each once, in (batch, head, block) order.
+TEST(Scheduler, TilesMatchEnumeration) {
+  std::vector<uint64_t> seeds;
+  const std::vector<Batch> batches = test_batches(&seeds);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const Batch& batch = batches[k];
+    for (const NamedMask& mask : all_masks()) {
+      for (const TileShape shape : all_shapes()) {
+        for (const Direction d : kDirections) {
+          SCOPED_TRACE("seed " + std::to_string(seeds[k]) + ", " + describe(mask, shape, d));
+          const std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                                      batch.size(), kHeads, mask.policy, shape, d);
+          const auto expected = enumerate_tiles(batch, kHeads, shape, d);
+          ASSERT_EQ(tiles.size(), expected.size());
+          for (size_t t = 0; t < tiles.size(); ++t) {
+            ASSERT_EQ(std::make_tuple(tiles[t].batch, tiles[t].head, tiles[t].block), expected[t])
+                << "tile " << t;
+          }
+        }
+      }
+    }
+  }
+}
+
+// (b) Every tile's cost equals the brute-force count of blocks of the other side that hold at
+// least one visible pair, for every tile shape (square and not).
+TEST(Scheduler, CostsMatchBruteForce) {
+  std::vector<uint64_t> seeds;
+  const std::vector<Batch> batches = test_batches(&seeds);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const Batch& batch = batches[k];
+    for (const NamedMask& mask : all_masks()) {
+      for (const TileShape shape : all_shapes()) {
+        std::vector<std::vector<std::vector<bool>>> touched;
+        for (int b = 0; b < batch.size(); ++b) {
+          touched.push_back(touched_blocks(mask.policy, batch.len_q[b], batch.len_kv[b], shape));
+        }
+        for (const Direction d : kDirections) {
+          SCOPED_TRACE("seed " + std::to_string(seeds[k]) + ", " + describe(mask, shape, d));
+          const std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                                      batch.size(), kHeads, mask.policy, shape, d);
+          for (const Tile& tile : tiles) {
+            ASSERT_EQ(tile.cost, brute_cost(touched[static_cast<size_t>(tile.batch)], tile.block, d))
+                << "tile (batch " << tile.batch << ", head " << tile.head << ", block " << tile.block
+                << "), Lq " << batch.len_q[tile.batch] << ", Lk " << batch.len_kv[tile.batch];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Tiles that see nothing stay in the list with cost 0 (they write zeros); sides with no rows give
+// no tile at all.
+TEST(Scheduler, EmptySidesAndZeroCostTiles) {
+  const Batch batch = make_batch({130, 0, 64}, {0, 70, 64});
+  const MaskPolicy causal = window(-1, 0);
+  const TileShape shape{64, 64};
+  const std::vector<Tile> fwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                            batch.size(), 1, causal, shape, Direction::kForward);
+  // Sequence 0: 3 q blocks, no keys; sequence 1: no queries; sequence 2: one block, one kv block.
+  ASSERT_EQ(fwd.size(), 4u);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(fwd[t].batch, 0);
+    EXPECT_EQ(fwd[t].block, t);
+    EXPECT_EQ(fwd[t].cost, 0);
+  }
+  EXPECT_EQ(fwd[3].batch, 2);
+  EXPECT_EQ(fwd[3].cost, 1);
+
+  const std::vector<Tile> bwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                            batch.size(), 1, causal, shape, Direction::kBackward);
+  ASSERT_EQ(bwd.size(), 3u);  // sequence 1: 2 kv blocks no query sees; sequence 2: 1
+  EXPECT_EQ(bwd[0].batch, 1);
+  EXPECT_EQ(bwd[0].cost, 0);
+  EXPECT_EQ(bwd[1].batch, 1);
+  EXPECT_EQ(bwd[1].cost, 0);
+  EXPECT_EQ(bwd[2].batch, 2);
+  EXPECT_EQ(bwd[2].cost, 1);
+
+  // Lq > Lk with a one-key window: the top 60 queries see nothing (i + shift < 0).
+  const Batch tall = make_batch({128}, {68});
+  const std::vector<Tile> tall_fwd = build_tiles(tall.q_offsets.data(), tall.kv_offsets.data(), 1,
+                                                 1, window(0, 0), {32, 32}, Direction::kForward);
+  ASSERT_EQ(tall_fwd.size(), 4u);
+  EXPECT_EQ(tall_fwd[0].cost, 0);
+  EXPECT_EQ(tall_fwd[1].cost, 1);  // rows 32..63 see keys 0..3
+  EXPECT_EQ(tall_fwd[2].cost, 2);  // rows 64..95 see keys 4..35
+  EXPECT_EQ(tall_fwd[3].cost, 2);  // rows 96..127 see keys 36..67
+
+  const Batch none = make_batch({}, {});
+  EXPECT_TRUE(build_tiles(none.q_offsets.data(), none.kv_offsets.data(), 0, 4, causal, shape,
+                          Direction::kForward)
+                  .empty());
+}
+
+TEST(Scheduler, RejectsDecreasingOffsets) {
+  const std::vector<int32_t> q_offsets{0, 10, 5};
+  const std::vector<int32_t> kv_offsets{0, 10, 20};
+  EXPECT_THROW(build_tiles(q_offsets.data(), kv_offsets.data(), 2, 1, MaskPolicy{}, {},
+                           Direction::kForward),
+               std::invalid_argument);
+  EXPECT_THROW(zigzag_assign({}, 0), std::invalid_argument);
+  EXPECT_THROW(makespan_dynamic({}, 0), std::invalid_argument);
+}
+
+// (c) Non-increasing cost, a permutation of the input, ties in (batch, head, block) order.
+TEST(Scheduler, SortLongestFirst) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Batch batch = random_batch(seed);
+    for (const Direction d : kDirections) {
+      std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                            batch.size(), kHeads, window(-1, 0), {64, 64}, d);
+      const std::vector<Tile> original = tiles;
+      // Start from a scrambled order: the result must not depend on the input's order.
+      std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
+      sort_longest_first(tiles);
+      ASSERT_EQ(tiles.size(), original.size());
+      auto key = [](const Tile& t) { return std::make_tuple(t.batch, t.head, t.block); };
+      for (size_t t = 1; t < tiles.size(); ++t) {
+        ASSERT_GE(tiles[t - 1].cost, tiles[t].cost) << "position " << t;
+        if (tiles[t - 1].cost == tiles[t].cost) {
+          ASSERT_LT(key(tiles[t - 1]), key(tiles[t])) << "tie order at position " << t;
+        }
+      }
+      std::vector<Tile> back = tiles;
+      std::sort(back.begin(), back.end(), [&](const Tile& a, const Tile& b) { return key(a) < key(b); });
+      for (size_t t = 0; t < back.size(); ++t) {
+        ASSERT_EQ(key(back[t]), key(original[t]));
+        ASSERT_EQ(back[t].cost, original[t].cost);
+      }
+    }
+  }
+}
+
+// (d) The snake: every tile once, round r forward or backward over the SMs, each SM's tiles in
+// list order.
+TEST(Scheduler, ZigzagAssign) {
+  // A literal case: 8 tiles on 3 SMs -> rounds [0 1 2], [5 4 3] reversed, [6 7].
+  std::vector<Tile> eight(8, Tile{0, 0, 0, 1});
+  for (int t = 0; t < 8; ++t) eight[t].cost = 10 - t;
+  const auto small = zigzag_assign(eight, 3);
+  ASSERT_EQ(small.size(), 3u);
+  EXPECT_EQ(small[0], (std::vector<int32_t>{0, 5, 6}));
+  EXPECT_EQ(small[1], (std::vector<int32_t>{1, 4, 7}));
+  EXPECT_EQ(small[2], (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(makespan(eight, small), 10 + 5 + 4);
+
+  const Batch batch = random_batch(7);
+  std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
+                                        batch.size(), kHeads, MaskPolicy{}, {32, 32},
+                                        Direction::kForward);
+  sort_longest_first(tiles);
+  const int n_tiles = static_cast<int>(tiles.size());
+  for (const int num_sms : {1, 2, 3, 7, 132, n_tiles, n_tiles + 5}) {
+    SCOPED_TRACE("num_sms " + std::to_string(num_sms) + ", tiles " + std::to_string(n_tiles));
+    const auto assignment = zigzag_assign(tiles, num_sms);
+    ASSERT_EQ(assignment.size(), static_cast<size_t>(num_sms));
+    std::vector<int> seen(tiles.size(), 0);
+    int64_t total = 0;
+    for (int sm = 0; sm < num_sms; ++sm) {
+      const auto& list = assignment[static_cast<size_t>(sm)];
+      for (size_t k = 0; k < list.size(); ++k) {
+        const int32_t t = list[k];
+        ASSERT_GE(t, 0);
+        ASSERT_LT(t, n_tiles);
+        ++seen[static_cast<size_t>(t)];
+        total += tiles[static_cast<size_t>(t)].cost;
+        const int round = t / num_sms;
+        const int pos = t % num_sms;
+        EXPECT_EQ(round, static_cast<int>(k)) << "SM " << sm << " runs one tile per round";
+        EXPECT_EQ(sm, round % 2 == 0 ? pos : num_sms - 1 - pos) << "tile " << t;
+      }
+    }
+    for (int t = 0; t < n_tiles; ++t) ASSERT_EQ(seen[static_cast<size_t>(t)], 1) << "tile " << t;
+    const int64_t span = makespan(tiles, assignment);
+    EXPECT_GE(static_cast<double>(span), makespan_lower_bound(tiles, num_sms));
+    EXPECT_LE(span, total);
+  }
+  EXPECT_EQ(zigzag_assign({}, 4).size(), 4u);
+}
+
+// Greedy list scheduling on a case worked by hand.
+TEST(Scheduler, DynamicMakespanAndLowerBound) {
+  std::vector<Tile> tiles;
+  for (const int32_t cost : {5, 4, 3, 3, 2, 2}) tiles.push_back(Tile{0, 0, 0, cost});
+  // SM A takes 5, B takes 4 and then 3 (free at 4), A takes 3 (free at 5): A = 8, B = 7;
+  // B takes 2 -> 9, A takes the last 2 -> 10.
+  EXPECT_EQ(makespan_dynamic(tiles, 2), 10);
+  EXPECT_DOUBLE_EQ(makespan_lower_bound(tiles, 2), 9.5);
+  EXPECT_DOUBLE_EQ(makespan_lower_bound(tiles, 10), 5.0);
+  EXPECT_EQ(makespan_dynamic(tiles, 10), 5);
+  EXPECT_EQ(makespan_dynamic(tiles, 1), 19);
+  EXPECT_EQ(makespan_dynamic({}, 3), 0);
+  EXPECT_DOUBLE_EQ(makespan_lower_bound({}, 3), 0.0);
+}
+
+// (e) On the benchmark batches (H=16, 128x128 tiles, 132 SMs) both the snake over the LPT order
+// and dynamic LPT stay within 4/3 of the lower bound.
+TEST(Scheduler, MakespanOnBenchmarkDistributions) {
+  constexpr int kNumHeads = 16;
+  constexpr int kNumSms = 132;
+  const TileShape shape{128, 128};
+  const std::vector<NamedMask> masks = {{"none", window(-1, -1)}, {"causal", window(-1, 0)}};
+  std::cout << std::left << std::setw(10) << "dist" << std::setw(9) << "dir" << std::setw(8)
+            << "mask" << std::right << std::setw(8) << "tiles" << std::setw(10) << "bound"
+            << std::setw(10) << "zigzag" << std::setw(10) << "dynamic" << "\n";
+  for (const std::string& name : gen::distribution_names()) {
+    const std::vector<int32_t> lengths = gen::generate_lengths(name, gen::kDefaultSeed);
+    const std::vector<int32_t> offsets = offsets_of(lengths);
+    for (const Direction d : kDirections) {
+      for (const NamedMask& mask : masks) {
+        SCOPED_TRACE(name + ", " + describe(mask, shape, d));
+        std::vector<Tile> tiles = build_tiles(offsets.data(), offsets.data(),
+                                              static_cast<int>(lengths.size()), kNumHeads,
+                                              mask.policy, shape, d);
+        sort_longest_first(tiles);
+        const double bound = makespan_lower_bound(tiles, kNumSms);
+        const double zigzag = static_cast<double>(makespan(tiles, zigzag_assign(tiles, kNumSms))) / bound;
+        const double dynamic = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
+        std::cout << std::left << std::setw(10) << name << std::setw(9) << direction_name(d)
+                  << std::setw(8) << mask.name << std::right << std::setw(8) << tiles.size()
+                  << std::setw(10) << std::fixed << std::setprecision(1) << bound << std::setw(10)
+                  << std::setprecision(4) << zigzag << std::setw(10) << dynamic << "\n";
+        EXPECT_LE(zigzag, 4.0 / 3.0);
+        EXPECT_LE(dynamic, 4.0 / 3.0);
+      }
+    }
+  }
+  std::cout.unsetf(std::ios::floatfield);
+}
+
+// (f) The mask policy the scheduler's costs stand on.
+TEST(SchedulerMaskPolicy, CausalPairsAndBottomRightAlignment) {
+  const MaskPolicy causal = MaskPolicy::from(JF_MASK_CAUSAL, -1, -1);
+  for (const int64_t n : {0, 1, 2, 63, 64, 129, 1000}) {
+    EXPECT_EQ(causal.visible_pairs(n, n), n * (n + 1) / 2) << "n " << n;
+  }
+  // Lq = 3, Lk = 5: shift 2, row 0 sees keys 0..2, row 2 sees all five.
+  const IndexRange row0 = causal.key_range(0, 3, 5);
+  EXPECT_EQ(row0.lo, 0);
+  EXPECT_EQ(row0.hi, 2);
+  for (int64_t j = 0; j < 5; ++j) EXPECT_EQ(causal.visible(0, j, 3, 5), j <= 2) << "key " << j;
+  EXPECT_EQ(causal.key_range(2, 3, 5).size(), 5);
+  EXPECT_EQ(causal.visible_pairs(3, 5), 3 + 4 + 5);
+  // Lq = 5, Lk = 3: shift -2, rows 0 and 1 see nothing.
+  EXPECT_TRUE(causal.key_range(1, 5, 3).empty());
+  EXPECT_EQ(causal.visible_pairs(5, 3), 1 + 2 + 3);
+  EXPECT_EQ(MaskPolicy::from(JF_MASK_NONE, -1, -1).visible_pairs(7, 11), 77);
+}
+
+TEST(SchedulerMaskPolicy, RangesMatchVisible) {
+  for (const NamedMask& mask : all_masks()) {
+    for (const auto& [lq, lk] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 9}, {9, 0}, {1, 1}, {13, 13}, {7, 40}, {40, 7}, {70, 3}, {3, 70}}) {
+      SCOPED_TRACE(mask.name + ", Lq " + std::to_string(lq) + ", Lk " + std::to_string(lk));
+      int64_t pairs = 0;
+      for (int64_t i = 0; i < lq; ++i) {
+        for (int64_t j = 0; j < lk; ++j) {
+          const bool v = mask.policy.visible(i, j, lq, lk);
+          pairs += v ? 1 : 0;
+          const IndexRange q = mask.policy.query_range(j, lq, lk);
+          ASSERT_EQ(v, i >= q.lo && i <= q.hi) << "query_range is not the transpose at " << i << "," << j;
+        }
+      }
+      EXPECT_EQ(mask.policy.visible_pairs(lq, lk), pairs);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace jagflash::schedule

@@ -1,0 +1,189 @@
+// Every validation error: the status, a message naming the argument with what was expected and
+// what was given, and outputs left exactly as they were.
+#include <jagflash/jagflash.h>
+
+#include "testing/host_batch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace jagflash {
+namespace {
+
+constexpr double kSentinel = 7.0;  // exactly representable in every dtype
+
+struct Call {
+  test::HostBatch batch;
+  test::HostTensor out, dout, dq, dk, dv;
+  std::vector<float> lse;
+  jf_fwd_args fwd{};
+  jf_bwd_args bwd{};
+
+  Call() {
+    batch = test::make_random_batch({3, 0, 5}, {4, 2, 5}, 4, 2, 64, JF_BF16, 5);
+    const int64_t tq = batch.total_q(), tk = batch.total_kv();
+    out = test::make_tensor(JF_BF16, tq, 4, 64);
+    dout = test::make_tensor(JF_BF16, tq, 4, 64);
+    dq = test::make_tensor(JF_BF16, tq, 4, 64);
+    dk = test::make_tensor(JF_BF16, tk, 2, 64);
+    dv = test::make_tensor(JF_BF16, tk, 2, 64);
+    for (test::HostTensor* t : {&out, &dq, &dk, &dv}) t->fill(kSentinel);
+    std::mt19937_64 rng(9);
+    dout.fill_random(rng);
+    lse.assign(static_cast<size_t>(4 * tq), static_cast<float>(kSentinel));
+    fwd.problem = test::make_problem(batch, JF_MASK_NONE, -1, -1);
+    fwd.out = out.view();
+    fwd.lse = lse.data();
+    bwd.problem = fwd.problem;
+    bwd.out = out.view();
+    bwd.dout = dout.view();
+    bwd.lse = lse.data();
+    bwd.dq = dq.view();
+    bwd.dk = dk.view();
+    bwd.dv = dv.view();
+  }
+
+  bool outputs_untouched() const {
+    for (const test::HostTensor* t : {&out, &dq, &dk, &dv})
+      for (int64_t i = 0; i < t->element_count(); ++i)
+        if (t->get_flat(i) != kSentinel) return false;
+    for (float x : lse)
+      if (x != static_cast<float>(kSentinel)) return false;
+    return true;
+  }
+};
+
+struct Case {
+  const char* name;
+  std::function<void(Call&)> break_it;  // applied to both the forward and the backward args
+  jf_status status;
+  std::vector<std::string> message_parts;
+};
+
+void apply_to_problem(Call& c, const std::function<void(jf_problem&)>& f) {
+  f(c.fwd.problem);
+  f(c.bwd.problem);
+}
+
+std::vector<Case> problem_cases() {
+  auto p = [](std::function<void(jf_problem&)> f) { return [f](Call& c) { apply_to_problem(c, f); }; };
+  static std::vector<int32_t> bad_first = {1, 3, 3, 8};
+  static std::vector<int32_t> decreasing = {0, 3, 2, 8};
+  static std::vector<int32_t> wrong_total = {0, 3, 3, 9};
+  return {
+      {"dtype", p([](jf_problem& q) { q.dtype = static_cast<jf_dtype>(7); }), JF_ERR_INVALID_ARGUMENT, {"problem.dtype", "expected", "got 7"}},
+      {"device", p([](jf_problem& q) { q.device = static_cast<jf_device>(5); }), JF_ERR_INVALID_ARGUMENT, {"problem.device", "got 5"}},
+      {"mask", p([](jf_problem& q) { q.mask = static_cast<jf_mask>(9); }), JF_ERR_INVALID_ARGUMENT, {"problem.mask", "got 9"}},
+      {"batch", p([](jf_problem& q) { q.batch_size = -1; }), JF_ERR_INVALID_ARGUMENT, {"problem.batch_size", ">= 0", "got -1"}},
+      {"q_offsets null", p([](jf_problem& q) { q.q_offsets = nullptr; }), JF_ERR_INVALID_ARGUMENT, {"problem.q_offsets", "NULL"}},
+      {"kv_offsets null", p([](jf_problem& q) { q.kv_offsets = nullptr; }), JF_ERR_INVALID_ARGUMENT, {"problem.kv_offsets", "NULL"}},
+      {"head dim", p([](jf_problem& q) { q.q.head_dim = q.k.head_dim = q.v.head_dim = 96; }), JF_ERR_UNSUPPORTED, {"head_dim", "64, 128 or 256", "got 96"}},
+      {"k head dim", p([](jf_problem& q) { q.k.head_dim = 128; }), JF_ERR_INVALID_ARGUMENT, {"problem.k.head_dim", "expected 64", "got 128"}},
+      {"gqa divisor", p([](jf_problem& q) { q.k.heads = q.v.heads = 3; }), JF_ERR_INVALID_ARGUMENT, {"problem.k.heads", "divisor", "got 3"}},
+      {"v heads", p([](jf_problem& q) { q.v.heads = 1; }), JF_ERR_INVALID_ARGUMENT, {"problem.v.heads", "expected 2", "got 1"}},
+      {"v rows", p([](jf_problem& q) { q.v.rows -= 1; }), JF_ERR_INVALID_ARGUMENT, {"problem.v.rows", "expected 11", "got 10"}},
+      {"head stride", p([](jf_problem& q) { q.q.head_stride = 32; }), JF_ERR_INVALID_ARGUMENT, {"problem.q.head_stride", ">= head_dim", "got 32"}},
+      {"row stride", p([](jf_problem& q) { q.k.row_stride = 64; }), JF_ERR_INVALID_ARGUMENT, {"problem.k.row_stride", "got 64"}},
+      {"null data", p([](jf_problem& q) { q.v.data = nullptr; }), JF_ERR_INVALID_ARGUMENT, {"problem.v.data", "NULL"}},
+      {"misaligned", p([](jf_problem& q) { q.q.data = static_cast<char*>(q.q.data) + 1; }), JF_ERR_INVALID_ARGUMENT, {"problem.q.data", "alignment"}},
+      {"offsets first", p([](jf_problem& q) { q.q_offsets = bad_first.data(); }), JF_ERR_INVALID_ARGUMENT, {"problem.q_offsets[0]", "expected 0", "got 1"}},
+      {"offsets decreasing", p([](jf_problem& q) { q.q_offsets = decreasing.data(); }), JF_ERR_INVALID_ARGUMENT, {"problem.q_offsets[2]", "non-decreasing", "got 2"}},
+      {"offsets total", p([](jf_problem& q) { q.q_offsets = wrong_total.data(); }), JF_ERR_INVALID_ARGUMENT, {"problem.q_offsets[B=3]", "token count 8", "got 9"}},
+      {"kv offsets total", p([](jf_problem& q) { q.kv_offsets = wrong_total.data(); }), JF_ERR_INVALID_ARGUMENT, {"problem.kv_offsets[B=3]", "token count 11", "got 9"}},
+      {"window left", p([](jf_problem& q) { q.mask = JF_MASK_WINDOW; q.window_left = -2; }), JF_ERR_INVALID_ARGUMENT, {"problem.window_left", ">= -1", "got -2"}},
+      {"window right", p([](jf_problem& q) { q.mask = JF_MASK_WINDOW; q.window_right = -5; }), JF_ERR_INVALID_ARGUMENT, {"problem.window_right", "got -5"}},
+      {"causal with window", p([](jf_problem& q) { q.mask = JF_MASK_CAUSAL; q.window_left = 4; }), JF_ERR_INVALID_ARGUMENT, {"problem.window_left", "JF_MASK_WINDOW", "got 4"}},
+      {"scale", p([](jf_problem& q) { q.scale = std::numeric_limits<float>::quiet_NaN(); }), JF_ERR_INVALID_ARGUMENT, {"problem.scale", "finite"}},
+      {"cuda device without gpu or with host pointers", p([](jf_problem& q) { q.device = JF_DEVICE_CUDA; }), JF_ERR_INVALID_ARGUMENT, {"expected"}},
+      {"backend", [](Call& c) { c.fwd.launch.backend = c.bwd.launch.backend = static_cast<jf_backend>(8); }, JF_ERR_INVALID_ARGUMENT, {"launch.backend", "got 8"}},
+      {"oracle on cpu", [](Call& c) { c.fwd.launch.backend = c.bwd.launch.backend = JF_BACKEND_ORACLE; }, JF_ERR_INVALID_ARGUMENT, {"launch.backend", "JF_DEVICE_CUDA"}},
+      {"offsets check", [](Call& c) { c.fwd.launch.offsets_check = c.bwd.launch.offsets_check = static_cast<jf_offsets_check>(4); }, JF_ERR_INVALID_ARGUMENT, {"launch.offsets_check", "got 4"}},
+  };
+}
+
+void expect_error(jf_status got, const Case& c, const Call& call) {
+  EXPECT_EQ(got, c.status) << c.name;
+  const std::string msg = jagflash_last_error();
+  for (const std::string& part : c.message_parts)
+    EXPECT_NE(msg.find(part), std::string::npos) << c.name << ": message '" << msg << "' lacks '" << part << "'";
+  EXPECT_TRUE(call.outputs_untouched()) << c.name;
+}
+
+TEST(Validation, ValidCallSucceeds) {
+  Call call;
+  ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+  ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+  EXPECT_FALSE(call.outputs_untouched());
+}
+
+TEST(Validation, ForwardErrors) {
+  for (const Case& c : problem_cases()) {
+    Call call;
+    c.break_it(call);
+    expect_error(jagflash_fwd(&call.fwd), c, call);
+    size_t bytes = 0;
+    // Shape errors are reported by the size query too (offsets are not read there).
+    const std::string name = c.name;
+    const bool offsets_case = name.rfind("offsets", 0) == 0 || name.rfind("kv offsets", 0) == 0;
+    if (!offsets_case) {
+      EXPECT_NE(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_OK) << c.name;
+    }
+  }
+}
+
+TEST(Validation, BackwardErrors) {
+  for (const Case& c : problem_cases()) {
+    Call call;
+    c.break_it(call);
+    expect_error(jagflash_bwd(&call.bwd), c, call);
+  }
+}
+
+TEST(Validation, OutputArgumentErrors) {
+  const std::vector<Case> fwd_cases = {
+      {"out rows", [](Call& c) { c.fwd.out.rows = 7; }, JF_ERR_INVALID_ARGUMENT, {"out.rows", "expected 8", "got 7"}},
+      {"out heads", [](Call& c) { c.fwd.out.heads = 2; }, JF_ERR_INVALID_ARGUMENT, {"out.heads", "expected 4", "got 2"}},
+      {"out aliases q", [](Call& c) { c.fwd.out.data = c.fwd.problem.q.data; }, JF_ERR_INVALID_ARGUMENT, {"out", "disjoint", "q"}},
+      {"lse aliases k", [](Call& c) { c.fwd.lse = static_cast<float*>(c.fwd.problem.k.data); }, JF_ERR_INVALID_ARGUMENT, {"lse", "disjoint", "k"}},
+  };
+  for (const Case& c : fwd_cases) {
+    Call call;
+    c.break_it(call);
+    expect_error(jagflash_fwd(&call.fwd), c, call);
+  }
+  const std::vector<Case> bwd_cases = {
+      {"lse null", [](Call& c) { c.bwd.lse = nullptr; }, JF_ERR_INVALID_ARGUMENT, {"lse", "non-null", "NULL"}},
+      {"dk rows", [](Call& c) { c.bwd.dk.rows = 3; }, JF_ERR_INVALID_ARGUMENT, {"dk.rows", "expected 11", "got 3"}},
+      {"dv heads", [](Call& c) { c.bwd.dv.heads = 4; }, JF_ERR_INVALID_ARGUMENT, {"dv.heads", "expected 2", "got 4"}},
+      {"dout head dim", [](Call& c) { c.bwd.dout.head_dim = 128; }, JF_ERR_INVALID_ARGUMENT, {"dout.head_dim", "got 128"}},
+      {"dq aliases dout", [](Call& c) { c.bwd.dq.data = c.bwd.dout.data; }, JF_ERR_INVALID_ARGUMENT, {"dq", "disjoint", "dout"}},
+      {"dk aliases dv", [](Call& c) { c.bwd.dk.data = c.bwd.dv.data; }, JF_ERR_INVALID_ARGUMENT, {"dk", "disjoint", "dv"}},
+  };
+  for (const Case& c : bwd_cases) {
+    Call call;
+    c.break_it(call);
+    expect_error(jagflash_bwd(&call.bwd), c, call);
+  }
+}
+
+TEST(Validation, EmptyBatchIsLegal) {
+  Call call;
+  static const int32_t zero[1] = {0};
+  for (jf_problem* p : {&call.fwd.problem, &call.bwd.problem}) {
+    p->batch_size = 0;
+    p->q_offsets = p->kv_offsets = zero;
+    p->q.rows = p->k.rows = p->v.rows = 0;
+  }
+  call.fwd.out.rows = call.bwd.out.rows = call.bwd.dout.rows = call.bwd.dq.rows = 0;
+  call.bwd.dk.rows = call.bwd.dv.rows = 0;
+  EXPECT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+  EXPECT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+  EXPECT_TRUE(call.outputs_untouched());
+}
+
+}  // namespace
+}  // namespace jagflash

@@ -1,0 +1,319 @@
+#include "cli_commands.hpp"
+
+#include "core/mask.hpp"
+#include "gen/distributions.hpp"
+#include "reference/reference.hpp"
+#include "testing/gpu_batch.hpp"
+#include "testing/host_batch.hpp"
+
+#include <jagflash/jagflash.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace jagflash::cli {
+namespace {
+
+using testing::BatchSpec;
+using testing::GpuBatch;
+
+// The sample of `run` and the CPU batch stay small enough for the float64 reference.
+constexpr int kSampleSequences = 6;
+constexpr int32_t kSampleMaxLength = 512;
+constexpr int kCpuBatch = 12;
+constexpr int kCpuLengthDivisor = 8;
+
+jf_dtype dtype_of(const std::string& s) { return s == "fp16" ? JF_FP16 : s == "fp32" ? JF_FP32 : JF_BF16; }
+
+void apply_mask(const Options& o, BatchSpec& s) {
+  s.mask = o.causal ? JF_MASK_CAUSAL : o.window ? JF_MASK_WINDOW : JF_MASK_NONE;
+  s.window_left = o.window ? o.window_left : -1;
+  s.window_right = o.window ? o.window_right : -1;
+}
+
+std::string mask_label(const BatchSpec& s) {
+  if (s.mask == JF_MASK_CAUSAL) return "causal";
+  if (s.mask == JF_MASK_WINDOW) return "window(" + std::to_string(s.window_left) + "," + std::to_string(s.window_right) + ")";
+  return "none";
+}
+
+BatchSpec spec_for(const Options& o, std::vector<int32_t> lengths) {
+  BatchSpec s;
+  s.len_q = std::move(lengths);
+  s.heads = o.heads;
+  s.heads_kv = o.heads_kv;
+  s.head_dim = o.head_dim;
+  s.dtype = dtype_of(o.dtype);
+  s.seed = o.seed;
+  apply_mask(o, s);
+  return s;
+}
+
+void check(jf_status status, const char* what) {
+  if (status != JF_OK) throw std::runtime_error(std::string(what) + ": " + jagflash_last_error());
+}
+
+// Median of event-timed runs after warm-up.
+double median_ms(const std::function<void()>& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t start, stop;
+  testing::cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  testing::cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    testing::cuda_check(cudaEventRecord(start), "cudaEventRecord");
+    fn();
+    testing::cuda_check(cudaEventRecord(stop), "cudaEventRecord");
+    testing::cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    testing::cuda_check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// A few sequences short enough for the CPU reference: the shortest, the longest under the cap,
+// and random others.
+std::vector<int32_t> pick_sample(const std::vector<int32_t>& lengths, uint64_t seed) {
+  std::vector<int32_t> eligible;
+  for (int32_t b = 0; b < static_cast<int32_t>(lengths.size()); ++b)
+    if (lengths[b] <= kSampleMaxLength) eligible.push_back(b);
+  if (eligible.empty()) return {};
+  std::vector<int32_t> sample;
+  auto add = [&](int32_t b) {
+    if (std::find(sample.begin(), sample.end(), b) == sample.end()) sample.push_back(b);
+  };
+  add(*std::min_element(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
+  add(*std::max_element(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
+  std::mt19937_64 rng(seed);
+  for (int tries = 0; tries < 100 && static_cast<int>(sample.size()) < kSampleSequences; ++tries)
+    add(eligible[rng() % eligible.size()]);
+  std::sort(sample.begin(), sample.end());
+  return sample;
+}
+
+bool report_sample(const testing::SampleCheck& c, jf_dtype dtype, bool with_backward) {
+  const double ftol = testing::forward_tolerance(dtype), btol = testing::backward_tolerance(dtype);
+  const double lse_tol = 1e-3;
+  bool ok = c.finite && c.lse_inf_match && c.out_rel <= ftol && c.lse_max_abs <= lse_tol;
+  std::printf("  out rel %.2e (tol %.0e)  lse max abs %.2e (tol %.0e)  -inf rows %s\n", c.out_rel, ftol,
+              c.lse_max_abs, lse_tol, c.lse_inf_match ? "match" : "MISMATCH");
+  if (with_backward) {
+    ok = ok && c.dq_rel <= btol && c.dk_rel <= btol && c.dv_rel <= btol;
+    std::printf("  dq rel %.2e  dk rel %.2e  dv rel %.2e (tol %.0e)\n", c.dq_rel, c.dk_rel, c.dv_rel, btol);
+  }
+  const double worst = std::max({c.out_rel, c.dq_rel, c.dk_rel, c.dv_rel});
+  std::printf("max error %.2e: %s\n", worst, ok ? "PASS" : "FAIL");
+  return ok;
+}
+
+int run_gpu(const Options& o) {
+  const std::vector<int32_t> lengths = gen::generate_lengths("gemskew", o.seed);
+  GpuBatch g = testing::make_gpu_batch(spec_for(o, lengths));
+  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+  const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+  std::printf("jagflash %s run on the GPU: gemskew B=%zu tokens=%lld H=%d H_kv=%d D=%d %s mask=%s\n",
+              jagflash_version(), lengths.size(), static_cast<long long>(g.total_q()), o.heads, o.heads_kv,
+              o.head_dim, o.dtype.c_str(), mask_label(g.spec).c_str());
+  const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
+  const double bwd_ms = median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+  const double flops = g.forward_flops();
+  std::printf("forward  %9.3f ms  %8.2f TFLOP/s\n", fwd_ms, flops / fwd_ms * 1e-9);
+  std::printf("backward %9.3f ms  %8.2f TFLOP/s (2.5x forward FLOPs)\n", bwd_ms, 2.5 * flops / bwd_ms * 1e-9);
+
+  testing::poison_outputs(g);
+  check(jagflash_fwd(&fa), "forward");
+  check(jagflash_bwd(&ba), "backward");
+  testing::cuda_check(cudaDeviceSynchronize(), "run");
+  const std::vector<int32_t> sample = pick_sample(lengths, o.seed);
+  std::printf("checking %zu sequences against the CPU float64 reference:\n", sample.size());
+  return report_sample(testing::check_sample_against_reference(g, sample, true), g.spec.dtype, true) ? 0 : 1;
+}
+
+// loss = <out, dout>, by the reference forward, for the finite-difference check.
+double loss_of(test::HostBatch& h, const BatchSpec& s, const test::HostTensor& dout) {
+  jf_fwd_args fa{};
+  fa.problem = test::make_problem(h, s.mask, s.window_left, s.window_right);
+  test::HostTensor out = test::make_tensor(h.dtype, h.total_q(), h.H, h.D);
+  fa.out = out.view();
+  check(jagflash_fwd(&fa), "reference forward");
+  double loss = 0;
+  for (int64_t r = 0; r < out.rows; ++r)
+    for (int hh = 0; hh < h.H; ++hh)
+      for (int d = 0; d < h.D; ++d) loss += out.get(r, hh, d) * dout.get(r, hh, d);
+  return loss;
+}
+
+int run_cpu(const Options& o, const char* why) {
+  std::vector<int32_t> lengths = gen::generate_lengths("gemskew", o.seed);
+  lengths.resize(kCpuBatch);
+  for (int32_t& l : lengths) l = std::max(1, l / kCpuLengthDivisor);
+  Options small = o;
+  small.heads = 4;
+  small.heads_kv = 2;
+  small.head_dim = 64;
+  small.dtype = "fp32";  // the check below is a finite difference: it needs fp32 inputs
+  const BatchSpec s = spec_for(small, lengths);
+  std::printf("jagflash %s run on the CPU reference (%s): scaled-down gemskew (first %d sequences, lengths / %d, "
+              "%lld tokens), H=%d H_kv=%d D=%d fp32 mask=%s\n",
+              jagflash_version(), why, kCpuBatch, kCpuLengthDivisor,
+              static_cast<long long>(test::offsets_from_lengths(lengths).back()), s.heads, s.heads_kv, s.head_dim,
+              mask_label(s).c_str());
+  test::HostBatch h = test::make_random_batch(lengths, lengths, s.heads, s.heads_kv, s.head_dim, JF_FP32, o.seed);
+  test::HostTensor dout = test::make_tensor(JF_FP32, h.total_q(), h.H, h.D);
+  std::mt19937_64 rng(o.seed + 7);
+  dout.fill_random(rng);
+
+  jf_fwd_args fa{};
+  fa.problem = test::make_problem(h, s.mask, s.window_left, s.window_right);
+  test::HostTensor out = test::make_tensor(JF_FP32, h.total_q(), h.H, h.D);
+  std::vector<float> lse(static_cast<size_t>(h.H * h.total_q()));
+  fa.out = out.view();
+  fa.lse = lse.data();
+  test::HostTensor dq = test::make_tensor(JF_FP32, h.total_q(), h.H, h.D);
+  test::HostTensor dk = test::make_tensor(JF_FP32, h.total_kv(), h.H_kv, h.D);
+  test::HostTensor dv = test::make_tensor(JF_FP32, h.total_kv(), h.H_kv, h.D);
+  jf_bwd_args ba{};
+  ba.problem = fa.problem;
+  ba.out = out.view();
+  ba.dout = dout.view();
+  ba.lse = lse.data();
+  ba.dq = dq.view();
+  ba.dk = dk.view();
+  ba.dv = dv.view();
+  const auto t0 = std::chrono::steady_clock::now();
+  check(jagflash_fwd(&fa), "reference forward");
+  const auto t1 = std::chrono::steady_clock::now();
+  check(jagflash_bwd(&ba), "reference backward");
+  const auto t2 = std::chrono::steady_clock::now();
+  std::printf("forward  %9.3f ms (CPU, float64)\nbackward %9.3f ms (CPU, float64)\n",
+              std::chrono::duration<double, std::milli>(t1 - t0).count(),
+              std::chrono::duration<double, std::milli>(t2 - t1).count());
+
+  // Directional finite differences of loss = <out, dout> along a random direction, one input at
+  // a time: checks that the backward is the derivative of the forward.
+  constexpr double kStep = 1e-3;
+  double worst = 0;
+  struct Input { const char* name; test::HostTensor* x; const test::HostTensor* grad; };
+  for (Input in : {Input{"q", &h.q, &dq}, Input{"k", &h.k, &dk}, Input{"v", &h.v, &dv}}) {
+    test::HostTensor dir = test::make_tensor(JF_FP32, in.x->rows, in.x->heads, in.x->head_dim);
+    dir.fill_random(rng);
+    const test::HostTensor saved = *in.x;
+    double predicted = 0;
+    for (int64_t r = 0; r < dir.rows; ++r)
+      for (int hh = 0; hh < dir.heads; ++hh)
+        for (int d = 0; d < dir.head_dim; ++d) predicted += in.grad->get(r, hh, d) * dir.get(r, hh, d);
+    auto shifted_loss = [&](double t) {
+      for (int64_t r = 0; r < dir.rows; ++r)
+        for (int hh = 0; hh < dir.heads; ++hh)
+          for (int d = 0; d < dir.head_dim; ++d) in.x->set(r, hh, d, saved.get(r, hh, d) + t * dir.get(r, hh, d));
+      return loss_of(h, s, dout);
+    };
+    const double measured = (shifted_loss(kStep) - shifted_loss(-kStep)) / (2 * kStep);
+    *in.x = saved;
+    const double err = std::abs(measured - predicted) / std::max(std::abs(measured), 1e-12);
+    std::printf("  d loss / d %s along a random direction: backward %.6e, finite difference %.6e, rel %.2e\n",
+                in.name, predicted, measured, err);
+    worst = std::max(worst, err);
+  }
+  constexpr double kTol = 2e-3;
+  const bool ok = worst <= kTol && std::isfinite(worst);
+  std::printf("max error %.2e (tol %.0e): %s\n", worst, kTol, ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int run(const Options& o) {
+  if (o.cpu) return run_cpu(o, "--cpu given");
+  if (jagflash_cuda_device_count() == 0) return run_cpu(o, "no CUDA device found");
+  return run_gpu(o);
+}
+
+int check(const Options& o) {
+  if (jagflash_cuda_device_count() == 0) {
+    std::fprintf(stderr, "jagflash check: needs a CUDA device (none found); `jagflash run` checks the CPU path\n");
+    return 1;
+  }
+  const std::vector<std::string> dists = o.distributions.empty() ? std::vector<std::string>{"gemskew"} : o.distributions;
+  bool all_ok = true;
+  for (const std::string& name : dists) {
+    const std::vector<int32_t> lengths = gen::generate_lengths(name, o.seed);
+    // 1. The default GPU path against the GPU oracle on the full batch.
+    GpuBatch g = testing::make_gpu_batch(spec_for(o, lengths));
+    GpuBatch oracle = testing::make_gpu_batch(spec_for(o, lengths));  // same seed: same inputs
+    const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO), oa = oracle.forward_args(JF_BACKEND_ORACLE);
+    const jf_bwd_args fb = g.backward_args(JF_BACKEND_AUTO), ob = oracle.backward_args(JF_BACKEND_ORACLE);
+    check(jagflash_fwd(&fa), "forward");
+    check(jagflash_bwd(&fb), "backward");
+    check(jagflash_fwd(&oa), "oracle forward");
+    check(jagflash_bwd(&ob), "oracle backward");
+    testing::cuda_check(cudaDeviceSynchronize(), "check");
+    const jf_dtype dt = g.spec.dtype;
+    const double out_rel = testing::device_rel_error(g.out.get(), oracle.out.get(), g.out_view, dt);
+    const double dq_rel = testing::device_rel_error(g.dq.get(), oracle.dq.get(), g.dq_view, dt);
+    const double dk_rel = testing::device_rel_error(g.dk.get(), oracle.dk.get(), g.dk_view, dt);
+    const double dv_rel = testing::device_rel_error(g.dv.get(), oracle.dv.get(), g.dv_view, dt);
+    const bool full_ok = out_rel <= testing::forward_tolerance(dt) &&
+                         std::max({dq_rel, dk_rel, dv_rel}) <= testing::backward_tolerance(dt);
+    std::printf("%s (B=%zu, %lld tokens, mask=%s): GPU path vs GPU oracle: out %.2e dq %.2e dk %.2e dv %.2e: %s\n",
+                name.c_str(), lengths.size(), static_cast<long long>(g.total_q()), mask_label(g.spec).c_str(), out_rel,
+                dq_rel, dk_rel, dv_rel, full_ok ? "PASS" : "FAIL");
+    // 2. The oracle against the CPU reference on the batch scaled down, every sequence.
+    std::vector<int32_t> small = lengths;
+    for (int32_t& l : small) l = std::max(1, l / o.scale_down);
+    if (small.size() > 64) small.resize(64);
+    GpuBatch s = testing::make_gpu_batch(spec_for(o, small));
+    const jf_fwd_args sa = s.forward_args(JF_BACKEND_ORACLE);
+    const jf_bwd_args sb = s.backward_args(JF_BACKEND_ORACLE);
+    check(jagflash_fwd(&sa), "oracle forward");
+    check(jagflash_bwd(&sb), "oracle backward");
+    testing::cuda_check(cudaDeviceSynchronize(), "check");
+    std::vector<int32_t> all(small.size());
+    for (size_t b = 0; b < all.size(); ++b) all[b] = static_cast<int32_t>(b);
+    std::printf("%s scaled down (first %zu sequences, lengths / %d): GPU oracle vs CPU reference\n", name.c_str(),
+                small.size(), o.scale_down);
+    const bool small_ok = report_sample(testing::check_sample_against_reference(s, all, true), dt, true);
+    all_ok = all_ok && full_ok && small_ok;
+  }
+  return all_ok ? 0 : 1;
+}
+
+int bench(const Options& o) {
+  if (jagflash_cuda_device_count() == 0) {
+    std::fprintf(stderr, "jagflash bench: needs a CUDA device (none found)\n");
+    return 1;
+  }
+  const std::vector<std::string> dists = o.distributions.empty() ? gen::distribution_names() : o.distributions;
+  std::printf("jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; backend: the default GPU "
+              "path (today the GPU oracle: fp32 CUDA cores, no tensor cores)\n",
+              jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup);
+  std::printf("| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& name : dists) {
+    GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
+    const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+    const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
+    const double bwd_ms = median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+    const double flops = g.forward_flops();
+    std::printf("| %s | %s | %zu | %lld | %.3f | %.2f | %.3f | %.2f |\n", name.c_str(), mask_label(g.spec).c_str(),
+                g.spec.len_q.size(), static_cast<long long>(g.total_q()), fwd_ms, flops / fwd_ms * 1e-9, bwd_ms,
+                2.5 * flops / bwd_ms * 1e-9);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace jagflash::cli
