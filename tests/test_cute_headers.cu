@@ -27,3 +27,38 @@ TEST(CuteHeaders, LayoutAlgebraOnHost) {
 }
 
 }  // namespace
+
+// The forward kernel computes its accumulator coordinates from the thread index instead of
+// carrying CuTe's identity-tensor partition in registers; both must agree.
+#include "kernels/fwd/kernel_traits.cuh"
+#include "kernels/fwd/softmax.cuh"
+
+namespace {
+
+template <class TiledMma, class TileShape>
+void expect_coords_match(TileShape tile) {
+  using namespace cute;
+  TiledMma mma;
+  for (int t : {0, 1, 5, 31, 37, 100, 127, 128, 131, 200, 255}) {
+    auto thr = mma.get_thread_slice(t);
+    Tensor c = thr.partition_C(make_identity_tensor(tile));
+    Tensor rc = make_tensor(c.data(), jagflash::kernels::fwd::rowcol_layout(c.layout()));
+    const jagflash::kernels::fwd::AccumulatorCoords coords(t);
+    for (int r = 0; r < size<0>(rc); ++r)
+      for (int col = 0; col < size<1>(rc); ++col) {
+        ASSERT_EQ(get<0>(rc(r, col)), coords.row(r)) << "thread " << t << " r " << r << " c " << col;
+        ASSERT_EQ(get<1>(rc(r, col)), coords.col(col)) << "thread " << t << " r " << r << " c " << col;
+      }
+  }
+}
+
+TEST(CuteHeaders, ForwardAccumulatorCoordinatesMatchCute) {
+  using namespace cute;
+  using Traits128 = jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::bfloat16_t, 128>>;
+  using Traits64 = jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::half_t, 64>>;
+  expect_coords_match<typename Traits128::TiledMmaQK>(Shape<_128, _128>{});
+  expect_coords_match<typename Traits128::TiledMmaPV>(Shape<_128, _128>{});
+  expect_coords_match<typename Traits64::TiledMmaPV>(Shape<_128, _64>{});
+}
+
+}  // namespace

@@ -50,11 +50,13 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
  *          safe under CUDA-graph capture. */
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
-/* Which implementation runs. AUTO: the CPU reference for CPU pointers, the fastest GPU path otherwise. */
+/* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
+ * kernel where it serves the call (sm_90, bf16/fp16, head dim 64/128, forward), else the oracle. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
-  JF_BACKEND_ORACLE = 2     /* GPU, fp32 math, no tensor cores: correctness over speed */
+  JF_BACKEND_ORACLE = 2,    /* GPU, fp32 math, no tensor cores: correctness over speed */
+  JF_BACKEND_HOPPER = 3     /* GPU, sm_90a warp-specialised kernel; JF_ERR_UNSUPPORTED where it cannot serve */
 } jf_backend;
 
 /* A [rows, heads, head_dim] view. Element (r, h, d) is at data[r*row_stride + h*head_stride + d]. */
@@ -89,6 +91,9 @@ typedef struct jf_launch {
   void* stream;                /* cudaStream_t; NULL = default stream */
   jf_offsets_check offsets_check;
   jf_backend backend;
+  /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
+   * for the same offsets, shapes and mask, so it is not built again (saves its kernels). */
+  int32_t reuse_plan;
 } jf_launch;
 
 typedef struct jf_fwd_args {

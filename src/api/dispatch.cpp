@@ -4,6 +4,7 @@
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
 #include "core/dtype.hpp"
+#include "kernels/hopper_forward.hpp"
 #include "oracle/oracle.hpp"
 #include "reference/reference.hpp"
 
@@ -28,11 +29,38 @@ const oracle::Entry& oracle_for(const jf_problem& p) {
 
 char* workspace_at(const jf_launch& l, size_t offset) { return static_cast<char*>(l.workspace) + offset; }
 
+// The Hopper forward for this call, or nullptr when the oracle serves it (AUTO) — an explicit
+// JF_BACKEND_HOPPER that cannot be served is an error.
+const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
+  const jf_problem& p = a.problem;
+  if (p.device != JF_DEVICE_CUDA || a.launch.backend == JF_BACKEND_ORACLE) return nullptr;
+  const kernels::HopperForwardEntry* e = kernels::find_hopper_forward(p.dtype, p.q.head_dim);
+  const bool device_ok = kernels::hopper_device_present();
+  if (a.launch.backend == JF_BACKEND_HOPPER) {
+    if (e == nullptr) {
+      std::ostringstream given;
+      given << dtype_name(p.dtype) << "/" << p.q.head_dim;
+      fail_argument("launch.backend", "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 (as instantiated in this build)",
+                    given.str(), JF_ERR_UNSUPPORTED);
+    }
+    if (!device_ok)
+      fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU", JF_ERR_UNSUPPORTED);
+  }
+  return device_ok ? e : nullptr;
+}
+
+schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a, const kernels::HopperForwardEntry& e) {
+  return schedule::DevicePlanLayout::make(WorkspaceLayout::forward_gpu().total_bytes, a.problem.batch_size,
+                                          a.problem.q.rows, e.tile_m);
+}
+
 }  // namespace
 
 size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
-  return a.problem.device == JF_DEVICE_CUDA ? WorkspaceLayout::forward_gpu().total_bytes : 0;
+  if (a.problem.device != JF_DEVICE_CUDA) return 0;
+  if (const kernels::HopperForwardEntry* e = hopper_forward_for(a)) return hopper_plan_layout(a, *e).total_bytes;
+  return WorkspaceLayout::forward_gpu().total_bytes;
 }
 
 size_t backward_workspace_size(const jf_bwd_args& a) {
@@ -49,13 +77,20 @@ void run_forward(const jf_fwd_args& a) {
     reference::forward(a);
     return;
   }
-  const oracle::Entry& entry = oracle_for(p);
+  const kernels::HopperForwardEntry* hopper = hopper_forward_for(a);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
                                              flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
-  JF_CUDA_CHECK(entry.forward(a, oracle::Workspace{flag, nullptr}, stream));
+  if (hopper != nullptr) {
+    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, hopper_plan_layout(a, *hopper),
+                                              /*build_plan=*/a.launch.reuse_plan == 0};
+    JF_CUDA_CHECK(hopper->run(a, launch, stream));
+    return;
+  }
+  JF_CUDA_CHECK(entry->forward(a, oracle::Workspace{flag, nullptr}, stream));
 }
 
 void run_backward(const jf_bwd_args& a) {

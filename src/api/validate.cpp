@@ -149,13 +149,13 @@ void check_problem(const jf_problem& p) {
 void check_launch(const jf_launch& l, const jf_problem& p) {
   check_enum("launch.offsets_check", l.offsets_check, JF_CHECK_OFFSETS_HOST, JF_CHECK_OFFSETS_DEVICE,
              "JF_CHECK_OFFSETS_HOST or JF_CHECK_OFFSETS_DEVICE");
-  check_enum("launch.backend", l.backend, JF_BACKEND_AUTO, JF_BACKEND_ORACLE,
-             "JF_BACKEND_AUTO, JF_BACKEND_REFERENCE or JF_BACKEND_ORACLE");
+  check_enum("launch.backend", l.backend, JF_BACKEND_AUTO, JF_BACKEND_HOPPER,
+             "JF_BACKEND_AUTO, JF_BACKEND_REFERENCE, JF_BACKEND_ORACLE or JF_BACKEND_HOPPER");
   if (l.backend == JF_BACKEND_REFERENCE && p.device != JF_DEVICE_CPU)
     fail_argument("launch.backend", "JF_BACKEND_REFERENCE only with problem.device = JF_DEVICE_CPU",
                   device_name(p.device));
-  if (l.backend == JF_BACKEND_ORACLE && p.device != JF_DEVICE_CUDA)
-    fail_argument("launch.backend", "JF_BACKEND_ORACLE only with problem.device = JF_DEVICE_CUDA",
+  if ((l.backend == JF_BACKEND_ORACLE || l.backend == JF_BACKEND_HOPPER) && p.device != JF_DEVICE_CUDA)
+    fail_argument("launch.backend", "a GPU backend only with problem.device = JF_DEVICE_CUDA",
                   device_name(p.device));
 }
 

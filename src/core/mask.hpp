@@ -101,6 +101,23 @@ struct MaskPolicy {
     return {lo / tile_n, hi / tile_n};
   }
 
+  // The KV blocks every row of query block m_block sees completely: the mask-free bulk of the
+  // forward's loop (loop peeling). The rows' lower bounds grow with the row and so do the upper
+  // bounds, so the block must start at or after the last row's first key and end at or before
+  // the first row's last key. Rows past lq (another sequence's) are never stored, so they do not
+  // restrict it.
+  JF_HD IndexRange unmasked_kv_blocks_of_q_block(int64_t m_block, int tile_m, int tile_n, int64_t lq,
+                                                 int64_t lk) const {
+    const int64_t row_first = m_block * tile_m;
+    int64_t row_last = row_first + tile_m - 1;
+    if (row_last > lq - 1) row_last = lq - 1;
+    if (row_first > row_last || lk <= 0) return {0, -1};
+    const IndexRange first = key_range(row_first, lq, lk);
+    const IndexRange last = key_range(row_last, lq, lk);
+    if (first.empty() || last.empty()) return {0, -1};
+    return {(last.lo + tile_n - 1) / tile_n, (first.hi + 1) / tile_n - 1};
+  }
+
   // Query blocks that see any key of kv block n_block: the backward's trip count.
   JF_HD IndexRange q_blocks_of_kv_block(int64_t n_block, int tile_m, int tile_n, int64_t lq,
                                         int64_t lk) const {

@@ -1,0 +1,55 @@
+// The persistent warp-specialised forward kernel: shared storage, barriers, role dispatch.
+#pragma once
+
+#include "kernels/fwd/kernel_traits.cuh"
+#include "kernels/fwd/mainloop_fwd.cuh"
+
+#include <cutlass/arch/reg_reconfig.h>
+
+namespace jagflash::kernels::fwd {
+
+enum class WarpGroupRole { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    forward_kernel(const __grid_constant__ Params<KernelTraits<Config>> p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Built for a target without wgmma/setmaxnreg (a multi-arch build): the dispatcher only
+  // launches this kernel on compute capability 9.0, where the sm_90a code is chosen.
+  __trap();
+#else
+  using Traits = KernelTraits<Config>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
+  if (*p.error_flag) return;  // offsets failed the device check: write nothing
+
+  const int warp = threadIdx.x / 32;
+  const auto role = static_cast<WarpGroupRole>(warp / 4);
+  if (threadIdx.x == 0) {
+    constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
+    FullBarrier::init(&smem.q_full, 1);
+    EmptyBarrier::init(&smem.q_empty, kConsumerWarps);
+    for (int s = 0; s < Config::kStages; ++s) {
+      FullBarrier::init(&smem.kv_full[s], 1);
+      EmptyBarrier::init(&smem.kv_empty[s], kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (role == WarpGroupRole::kProducer) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      Producer<Traits>::run(p, smem);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+    Consumer<Traits>::run(p, smem, threadIdx.x - 128);
+  }
+#endif
+}
+
+}  // namespace jagflash::kernels::fwd

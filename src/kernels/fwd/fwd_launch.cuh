@@ -1,0 +1,82 @@
+// Host side of the Hopper forward: TMA descriptors, the plan, the launch.
+#pragma once
+
+#include "kernels/fwd/fwd_kernel.cuh"
+#include "kernels/hopper_forward.hpp"
+
+#include <cmath>
+
+namespace jagflash::kernels::fwd {
+
+inline int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 132;
+  return count;
+}
+
+// A [rows, heads, head_dim] view as the TMA's (rows, head dim, heads) tensor. A tensor with no
+// rows still needs a valid descriptor (it is never loaded from): it borrows `fallback`.
+template <class Traits>
+auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
+  using Element = typename Traits::Element;
+  const jf_tensor& src = t.rows > 0 ? t : fallback;
+  const int32_t rows = static_cast<int32_t>(src.rows);
+  // A single head's stride is never stepped over, but the TMA still requires it 16-byte aligned.
+  const int64_t head_stride = src.heads > 1 ? src.head_stride : Traits::kHeadDim;
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(src.data)),
+                     make_layout(make_shape(rows, typename Traits::HeadDim{}, src.heads),
+                                 make_stride(src.row_stride, _1{}, head_stride)));
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
+  using Config = TileConfig<Element, kHeadDim>;
+  using Traits = KernelTraits<Config>;
+  const jf_problem& pb = a.problem;
+  if (pb.q.rows == 0) return cudaSuccess;
+  const MaskPolicy mask = MaskPolicy::from(pb.mask, pb.window_left, pb.window_right);
+
+  cudaError_t err = launch.build_plan
+                        ? schedule::build_forward_plan(pb.q_offsets, pb.kv_offsets, pb.batch_size, mask, Config::kBlockM,
+                                                       Config::kBlockN, launch.error_flag, launch.workspace, launch.plan, stream)
+                        : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
+  if (err != cudaSuccess) return err;
+
+  Params<Traits> p{};
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.q, pb.q), typename Traits::SmemLayoutQ{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.q), typename Traits::SmemLayoutKVStage{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.v, pb.q), typename Traits::SmemLayoutKVStage{});
+  p.total_q = static_cast<int32_t>(pb.q.rows);
+  p.total_kv = static_cast<int32_t>(pb.k.rows > 0 ? pb.k.rows : pb.q.rows);  // the TMA's row count
+  p.num_heads = pb.q.heads;
+  p.num_heads_kv = pb.k.rows > 0 ? pb.k.heads : pb.q.heads;
+  p.group = pb.q.heads / pb.k.heads;
+  p.out = static_cast<Element*>(a.out.data);
+  p.out_row_stride = a.out.row_stride;
+  p.out_head_stride = a.out.head_stride;
+  p.lse = a.lse;
+  p.q_offsets = pb.q_offsets;
+  p.kv_offsets = pb.kv_offsets;
+  p.mask = mask;
+  p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.error_flag = launch.error_flag;
+  const schedule::DevicePlan plan = schedule::device_plan_at(launch.workspace, launch.plan);
+  p.sorted_pairs = plan.sorted_pairs;
+  p.pair_batch = plan.pair_batch;
+  p.pair_block = plan.pair_block;
+  p.num_pairs = plan.num_pairs;
+  p.tile_counter = plan.tile_counter;
+
+  constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
+  err = cudaFuncSetAttribute(forward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  // One CTA per SM; fewer when the batch has fewer tiles than SMs (an upper bound on host).
+  const int64_t max_tiles = launch.plan.max_pairs * pb.q.heads;
+  const int grid = static_cast<int>(max_tiles < sm_count() ? max_tiles : sm_count());
+  forward_kernel<Config><<<grid, Config::kThreads, kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace jagflash::kernels::fwd

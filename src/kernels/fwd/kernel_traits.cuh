@@ -1,0 +1,142 @@
+// Types derived from the tile config: shared-memory layouts, TMA atoms, tiled MMAs, shared
+// storage and the kernel's device parameters.
+#pragma once
+
+#include "core/mask.hpp"
+#include "kernels/fwd/tile_config.hpp"
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include <cstdint>
+
+namespace jagflash::kernels::fwd {
+
+using namespace cute;
+
+template <class Config>
+struct KernelTraits {
+  using Element = typename Config::Element;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kHeadDim = Config::kHeadDim;
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kRowsPerWarpgroup = Config::kRowsPerWarpgroup;
+
+  using BlockM = Int<kBlockM>;
+  using BlockN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using WgRows = Int<kRowsPerWarpgroup>;
+
+  // Q, K, V tiles in shared memory: head dim contiguous, 128-byte swizzle (the wgmma-native
+  // layout, bank-conflict free for both the TMA writes and the tensor-core reads).
+  using SmemAtom = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim, Int<kStages>>{}));
+  using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim>{}));
+  // V read as the B operand of O = P V, i.e. as (head dim, keys): the same bytes, transposed view.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<HeadDim, BlockN, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Each consumer warpgroup owns 64 rows of the tile (one wgmma M); the two are laid out along M
+  // so partitioning a 128-row tile by consumer thread index hands each its rows. S = Q K^T reads
+  // both operands from shared memory; O += P V takes P from registers.
+  using WgLayout = Layout<Shape<Int<Config::kConsumerWarpgroups>, _1, _1>>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>(), WgLayout{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, HeadDim, BlockN>, GMMA::Major::K, GMMA::Major::MN>(),
+      WgLayout{}));
+
+  // Global tensors as TMA sees them: (rows, head dim, heads), row and head strides from the
+  // caller, head dim contiguous.
+  using GmemShape = Shape<int32_t, HeadDim, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t>;
+  using GmemLayout = Layout<GmemShape, GmemStride>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+                                      SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                       make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+                                       SmemLayoutKVStage{}));
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);  // K and V
+};
+
+template <class Traits>
+struct SharedStorage {
+  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
+  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> k;
+  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
+  uint64_t q_full;                    // producer -> consumers: Q of the current tile landed
+  uint64_t q_empty;                   // consumers -> producer: Q may be overwritten
+  uint64_t kv_full[Traits::kStages];  // K and V of a stage landed
+  uint64_t kv_empty[Traits::kStages]; // both consumer warpgroups are done with a stage
+  int32_t tile;                       // index into the plan of the current tile, -1 = no more work
+};
+
+// Device parameters: plain values, built once on the host by the launcher.
+template <class Traits>
+struct Params {
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  int32_t total_q;
+  int32_t total_kv;
+  int32_t num_heads;
+  int32_t num_heads_kv;
+  int32_t group;  // query heads per kv head
+  typename Traits::Element* out;
+  int64_t out_row_stride;
+  int64_t out_head_stride;
+  float* lse;  // [H, total_q] or null
+  const int32_t* q_offsets;
+  const int32_t* kv_offsets;
+  MaskPolicy mask;
+  float scale;
+  float scale_log2;
+  const int32_t* error_flag;
+  // The plan (schedule/plan_device): (batch, q block) pairs sorted by cost, longest first.
+  const int32_t* sorted_pairs;
+  const int32_t* pair_batch;
+  const int32_t* pair_block;
+  const int32_t* num_pairs;
+  int32_t* tile_counter;
+};
+
+// What one tile is, decoded from the plan the same way by the producer and the consumers.
+struct TileInfo {
+  int32_t batch;
+  int32_t m_block;
+  int32_t head;
+  int32_t kv_head;
+  int32_t q_start;
+  int32_t kv_start;
+  int32_t len_q;
+  int32_t len_kv;
+  IndexRange kv_blocks;     // every KV block the tile visits
+  IndexRange unmasked;      // the blocks among them that need no mask (may be empty)
+};
+
+template <class Traits>
+__device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
+  TileInfo t;
+  const int32_t pair = p.sorted_pairs[tile / p.num_heads];
+  t.head = tile % p.num_heads;
+  t.kv_head = t.head / p.group;
+  t.batch = p.pair_batch[pair];
+  t.m_block = p.pair_block[pair];
+  t.q_start = p.q_offsets[t.batch];
+  t.kv_start = p.kv_offsets[t.batch];
+  t.len_q = p.q_offsets[t.batch + 1] - t.q_start;
+  t.len_kv = p.kv_offsets[t.batch + 1] - t.kv_start;
+  t.kv_blocks = p.mask.kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
+  t.unmasked = p.mask.unmasked_kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
+  return t;
+}
+
+}  // namespace jagflash::kernels::fwd

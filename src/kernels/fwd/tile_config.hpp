@@ -1,0 +1,32 @@
+// Tile shapes of the Hopper forward kernel, chosen in one place.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace jagflash::kernels::fwd {
+
+// kBlockM = 128 query rows per tile: two consumer warpgroups of 64 rows each (the M of one
+//   wgmma), sharing every K/V stage, so each loaded key block feeds 128 rows.
+// kBlockN = 128 keys per block: S (64 x 128 fp32) and O (64 x D fp32) fit in the 240 registers
+//   a consumer thread gets after setmaxnreg, with room for P in bf16.
+// kStages = 2 K/V stages: at D = 128, Q (32 KB) + 2 x (K 32 KB + V 32 KB) = 160 KB of the
+//   227 KB a CTA may use; a third stage would leave too little for the O staging tile.
+template <class Element_, int kHeadDim_>
+struct TileConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kRowsPerWarpgroup = kBlockM / kConsumerWarpgroups;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // producer warpgroup + consumers
+  // Registers after setmaxnreg: 40 x 128 + 232 x 256 <= 64K per SM. The producer's tile
+  // decoding and TMA coordinates spill at 24; the consumers need ~200 at D = 128.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper forward serves head dims 64 and 128");
+};
+
+}  // namespace jagflash::kernels::fwd

@@ -1,0 +1,39 @@
+// The Hopper (sm_90a) forward kernels as the dispatcher sees them: one entry per instantiated
+// (dtype, head dim), and the workspace they need.
+#pragma once
+
+#include "schedule/plan_device.hpp"
+
+#include <jagflash/jagflash.h>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jagflash::kernels {
+
+struct HopperForwardLaunch {
+  const int32_t* error_flag;  // set by the device offsets check; the kernels then write nothing
+  void* workspace;
+  schedule::DevicePlanLayout plan;
+  bool build_plan;            // false: the workspace already holds the plan for these offsets
+};
+
+using HopperForwardFn = cudaError_t (*)(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t);
+
+struct HopperForwardEntry {
+  jf_dtype dtype;
+  int head_dim;
+  int tile_m;
+  int tile_n;
+  HopperForwardFn run;
+};
+
+// nullptr when this build did not instantiate (dtype, head_dim).
+const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim);
+
+// True when the current device can run sm_90a code (compute capability 9.0).
+bool hopper_device_present();
+
+}  // namespace jagflash::kernels

@@ -1,0 +1,133 @@
+#include "schedule/plan_device.hpp"
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+
+namespace jagflash::schedule {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kScanThreads = 1024;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+template <typename T>
+T* at(void* workspace, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
+}
+
+__device__ __forceinline__ int32_t q_blocks(const int32_t* q_offsets, int32_t b, int tile_m) {
+  const int32_t lq = q_offsets[b + 1] - q_offsets[b];
+  return (lq + tile_m - 1) / tile_m;
+}
+
+// One block scans the per-sequence q-block counts: pair_offset[b] and the pair count.
+__global__ void __launch_bounds__(kScanThreads)
+count_pairs_kernel(const int32_t* q_offsets, int32_t batch_size, int tile_m, const int32_t* error_flag,
+                   int32_t* pair_offset, int32_t* num_pairs) {
+  if (*error_flag) return;
+  using Scan = cub::BlockScan<int32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  int32_t carry = 0;
+  for (int32_t base = 0; base < batch_size; base += kScanThreads) {
+    const int32_t b = base + threadIdx.x;
+    const int32_t count = b < batch_size ? q_blocks(q_offsets, b, tile_m) : 0;
+    int32_t offset, chunk_total;
+    Scan(scan_storage).ExclusiveSum(count, offset, chunk_total);
+    if (b < batch_size) pair_offset[b] = carry + offset;
+    carry += chunk_total;
+    __syncthreads();  // scan_storage is reused by the next chunk
+  }
+  if (threadIdx.x == 0) *num_pairs = carry;
+}
+
+// Each pair gets its (batch, block) and its sort key cost + 1; the unused tail of the arrays
+// gets key 0 so the descending sort leaves it after every real pair.
+__global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                                  MaskPolicy mask, int tile_m, int tile_n, int64_t max_pairs,
+                                  const int32_t* error_flag, const int32_t* pair_offset, const int32_t* num_pairs,
+                                  int32_t* pair_batch, int32_t* pair_block, uint32_t* keys, int32_t* vals) {
+  if (*error_flag) return;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t b = first; b < batch_size; b += stride) {
+    const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+    const int32_t blocks = (lq + tile_m - 1) / tile_m;
+    for (int32_t m = 0; m < blocks; ++m) {
+      const int32_t idx = pair_offset[b] + m;
+      pair_batch[idx] = static_cast<int32_t>(b);
+      pair_block[idx] = m;
+      keys[idx] = static_cast<uint32_t>(mask.kv_blocks_of_q_block(m, tile_m, tile_n, lq, lk).size()) + 1u;
+      vals[idx] = idx;
+    }
+  }
+  for (int64_t i = *num_pairs + first; i < max_pairs; i += stride) {
+    keys[i] = 0u;
+    vals[i] = static_cast<int32_t>(i);
+  }
+}
+
+}  // namespace
+
+DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t total_q, int tile_m) {
+  DevicePlanLayout l;
+  l.max_pairs = total_q / tile_m + batch_size + 1;
+  const size_t ints = static_cast<size_t>(l.max_pairs) * sizeof(int32_t);
+  size_t cursor = align_up(base);
+  auto take = [&](size_t bytes) {
+    const size_t at = cursor;
+    cursor = align_up(cursor + bytes);
+    return at;
+  };
+  l.pair_offset = take((static_cast<size_t>(batch_size) + 1) * sizeof(int32_t));
+  l.num_pairs = take(sizeof(int32_t));
+  l.tile_counter = take(sizeof(int32_t));
+  l.pair_batch = take(ints);
+  l.pair_block = take(ints);
+  l.keys_in = take(ints);
+  l.keys_out = take(ints);
+  l.vals_in = take(ints);
+  l.vals_out = take(ints);
+  // Host-side size query only: CUB reads nothing from the (null) arrays here.
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, l.sort_temp_bytes, static_cast<const uint32_t*>(nullptr),
+                                            static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                            static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs));
+  l.sort_temp = take(l.sort_temp_bytes);
+  l.total_bytes = cursor;
+  return l;
+}
+
+DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
+  return {at<int32_t>(workspace, l.vals_out), at<int32_t>(workspace, l.pair_batch), at<int32_t>(workspace, l.pair_block),
+          at<int32_t>(workspace, l.num_pairs), at<int32_t>(workspace, l.tile_counter)};
+}
+
+cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                               const MaskPolicy& mask, int tile_m, int tile_n, const int32_t* error_flag,
+                               void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
+  count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag,
+                                                     at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs));
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int fill_blocks = static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
+  fill_pairs_kernel<<<fill_blocks, 256, 0, stream>>>(
+      q_offsets, kv_offsets, batch_size, mask, tile_m, tile_n, l.max_pairs, error_flag,
+      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs), at<int32_t>(workspace, l.pair_batch),
+      at<int32_t>(workspace, l.pair_block), at<uint32_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  // Radix sort is stable: equal costs keep (batch, block) order, so the plan is deterministic.
+  size_t temp_bytes = l.sort_temp_bytes;
+  err = cub::DeviceRadixSort::SortPairsDescending(at<void>(workspace, l.sort_temp), temp_bytes,
+                                                  at<uint32_t>(workspace, l.keys_in), at<uint32_t>(workspace, l.keys_out),
+                                                  at<int32_t>(workspace, l.vals_in), at<int32_t>(workspace, l.vals_out),
+                                                  static_cast<int>(l.max_pairs), 0, 32, stream);
+  if (err != cudaSuccess) return err;
+  return reset_tile_counter(workspace, l, stream);
+}
+
+cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
+  return cudaMemsetAsync(at<int32_t>(workspace, l.tile_counter), 0, sizeof(int32_t), stream);
+}
+
+}  // namespace jagflash::schedule

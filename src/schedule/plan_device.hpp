@@ -1,0 +1,46 @@
+// The forward's plan built on the GPU: (batch, q block) pairs with their cost in KV blocks,
+// sorted longest first, read by the persistent kernel through an atomic tile counter. Built
+// from device offsets by small kernels and a CUB radix sort: no host sync, capturable in a CUDA
+// graph, and reusable by later calls with the same offsets (the plan lives in the workspace).
+#pragma once
+
+#include "core/mask.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jagflash::schedule {
+
+// Where each array of the plan lives inside the caller's workspace.
+struct DevicePlanLayout {
+  int64_t max_pairs = 0;  // sum over b of ceil(Lq_b / tile_m) <= total_q / tile_m + B
+  size_t pair_offset = 0, num_pairs = 0, tile_counter = 0, pair_batch = 0, pair_block = 0;
+  size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, sort_temp = 0;
+  size_t sort_temp_bytes = 0;
+  size_t total_bytes = 0;
+
+  // Offsets from `base` (a 256-byte aligned offset inside the workspace).
+  static DevicePlanLayout make(size_t base, int32_t batch_size, int64_t total_q, int tile_m);
+};
+
+struct DevicePlan {
+  const int32_t* sorted_pairs;  // pair indices, longest first
+  const int32_t* pair_batch;
+  const int32_t* pair_block;
+  const int32_t* num_pairs;
+  int32_t* tile_counter;
+};
+
+DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& layout);
+
+// Builds the plan (skipped entirely when *error_flag is set by the offsets check).
+cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                               const MaskPolicy& mask, int tile_m, int tile_n, const int32_t* error_flag,
+                               void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);
+
+// Resets the tile counter: each launch of the persistent kernel starts from the first tile.
+cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);
+
+}  // namespace jagflash::schedule

@@ -1,0 +1,166 @@
+// GPU tests of the Hopper forward (the default GPU forward for bf16/fp16 at head dims 64/128):
+// against the oracle on full benchmark batches, rows past the last sequence never written,
+// bitwise-identical repeats, plan reuse, and the calls it must refuse.
+#include "gen/distributions.hpp"
+#include "testing/gpu_batch.hpp"
+
+#include <jagflash/jagflash.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace jagflash {
+namespace {
+
+using testing::BatchSpec;
+using testing::GpuBatch;
+
+double lse_max_abs_diff(const GpuBatch& a, const GpuBatch& b) {
+  std::vector<float> la(a.lse.bytes() / 4), lb(b.lse.bytes() / 4);
+  a.lse.to_host(la.data());
+  b.lse.to_host(lb.data());
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    if (std::isinf(la[i]) || std::isinf(lb[i])) {
+      if (la[i] != lb[i]) return INFINITY;
+      continue;
+    }
+    const double d = std::abs(double(la[i]) - lb[i]);
+    if (!(d <= worst)) worst = d;
+  }
+  return worst;
+}
+
+TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
+  for (const std::string& name : gen::distribution_names())
+    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
+      for (int d : {64, 128}) {
+        SCOPED_TRACE(name + (mask == JF_MASK_CAUSAL ? " causal" : " none") + " D=" + std::to_string(d));
+        BatchSpec s;
+        s.len_q = gen::generate_lengths(name, gen::kDefaultSeed);
+        s.heads = 4;
+        s.heads_kv = 2;
+        s.head_dim = d;
+        s.mask = mask;
+        s.seed = 77;
+        GpuBatch fast = testing::make_gpu_batch(s);
+        GpuBatch slow = testing::make_gpu_batch(s);  // same seed, same inputs
+        const jf_fwd_args fa = fast.forward_args(JF_BACKEND_HOPPER), oa = slow.forward_args(JF_BACKEND_ORACLE);
+        ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+        ASSERT_EQ(jagflash_fwd(&oa), JF_OK) << jagflash_last_error();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const double rel = testing::device_rel_error(fast.out.get(), slow.out.get(), fast.out_view, s.dtype);
+        EXPECT_LE(rel, testing::forward_tolerance(s.dtype));
+        EXPECT_LE(lse_max_abs_diff(fast, slow), 1e-3);
+      }
+}
+
+TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
+  const std::vector<int32_t> len_q = {0, 1, 2, 63, 64, 65, 127, 129, 300, 131, 5, 0, 1000};
+  const std::vector<int32_t> len_kv = {3, 1, 0, 64, 65, 63, 129, 127, 17, 500, 200, 0, 999};
+  struct Mask { jf_mask m; int l, r; };
+  uint64_t seed = 500;
+  for (jf_dtype dtype : {JF_BF16, JF_FP16})
+    for (Mask m : {Mask{JF_MASK_NONE, -1, -1}, Mask{JF_MASK_CAUSAL, -1, -1}, Mask{JF_MASK_WINDOW, 100, 0},
+                   Mask{JF_MASK_WINDOW, 7, 300}, Mask{JF_MASK_WINDOW, -1, 5}, Mask{JF_MASK_WINDOW, 0, 0}})
+      for (int hkv : {4, 1}) {
+        BatchSpec s;
+        s.len_q = len_q;
+        s.len_kv = len_kv;
+        s.heads = 4;
+        s.heads_kv = hkv;
+        s.head_dim = 128;
+        s.dtype = dtype;
+        s.mask = m.m;
+        s.window_left = m.l;
+        s.window_right = m.r;
+        s.seed = ++seed;
+        s.row_pad = 8;
+        SCOPED_TRACE("seed " + std::to_string(s.seed));
+        GpuBatch g = testing::make_gpu_batch(s);
+        const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+        ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<int32_t> seqs(len_q.size());
+        for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
+        const testing::SampleCheck c = testing::check_sample_against_reference(g, seqs, /*with_backward=*/false);
+        EXPECT_TRUE(c.finite);
+        EXPECT_TRUE(c.lse_inf_match);
+        EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
+        EXPECT_LE(c.lse_max_abs, 1e-3);
+      }
+}
+
+// The output buffer is longer than the view: the rows after the last sequence belong to the
+// caller and must keep their poison, and so must the padding between rows.
+TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
+  BatchSpec s;
+  s.len_q = {130, 1, 77};  // every sequence ends inside a 128-row tile
+  s.heads = 2;
+  s.heads_kv = 2;
+  s.head_dim = 64;
+  s.row_pad = 8;
+  s.mask = JF_MASK_CAUSAL;
+  GpuBatch g = testing::make_gpu_batch(s);
+  const int64_t extra_rows = 200;
+  const int64_t row_stride = g.out_view.row_stride;
+  testing::DeviceBuffer big((g.total_q() + extra_rows) * row_stride * 2);
+  testing::fill_buffer(big.get(), big.bytes() / 2, JF_BF16, std::nanf(""));
+  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+  fa.out.data = big.get();
+  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> host(big.bytes() / 2);
+  big.to_host(host.data());
+  const int64_t written = int64_t(s.heads) * s.head_dim;
+  for (int64_t i = 0; i < static_cast<int64_t>(host.size()); ++i) {
+    const int64_t row = i / row_stride, col = i % row_stride;
+    const bool must_be_written = row < g.total_q() && col < written;
+    const bool is_nan = (host[i] & 0x7f80) == 0x7f80 && (host[i] & 0x7f) != 0;
+    ASSERT_NE(must_be_written, is_nan) << "row " << row << " col " << col;
+  }
+}
+
+TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
+  BatchSpec s;
+  s.len_q = gen::generate_lengths("gemskew", 5);
+  s.heads = 8;
+  s.heads_kv = 8;
+  s.head_dim = 128;
+  s.mask = JF_MASK_CAUSAL;
+  GpuBatch g = testing::make_gpu_batch(s);
+  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+  std::vector<unsigned char> first(g.out.bytes()), now(g.out.bytes());
+  std::vector<float> first_lse(g.lse.bytes() / 4), now_lse(g.lse.bytes() / 4);
+  for (int run = 0; run < 100; ++run) {
+    fa.launch.reuse_plan = run % 2;  // odd runs reuse the plan the even runs built
+    ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+    g.out.to_host(run == 0 ? first.data() : now.data());
+    g.lse.to_host(run == 0 ? first_lse.data() : now_lse.data());
+    if (run > 0) {
+      ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size())) << "run " << run;
+      ASSERT_EQ(0, std::memcmp(first_lse.data(), now_lse.data(), now_lse.size() * 4)) << "run " << run;
+    }
+  }
+}
+
+TEST(GpuHopperForward, RefusesWhatItCannotServe) {
+  BatchSpec s;
+  s.len_q = {5, 9};
+  s.heads = 2;
+  s.heads_kv = 2;
+  s.head_dim = 256;
+  GpuBatch g = testing::make_gpu_batch(s);
+  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+  EXPECT_EQ(jagflash_fwd(&fa), JF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(jagflash_last_error()).find("JF_BACKEND_HOPPER"), std::string::npos) << jagflash_last_error();
+  fa.launch.backend = JF_BACKEND_AUTO;  // AUTO falls back to the oracle for head dim 256
+  EXPECT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+}
+
+}  // namespace
+}  // namespace jagflash
