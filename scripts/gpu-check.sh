@@ -14,7 +14,8 @@ declare -a summary
 step() {  # step NAME LOGFILE COMMAND...
   local name="$1" log="$2"; shift 2
   local t0=$SECONDS
-  "$@" >"$out/$log" 2>&1
+  # A hung kernel must not eat the whole device lease.
+  timeout "${STEP_TIMEOUT:-300}" "$@" >"$out/$log" 2>&1
   local rc=$?
   summary+=("$(printf '%-34s %-5s %5ss  %s' "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((SECONDS - t0))" "$log")")
   return $rc
