@@ -1,0 +1,210 @@
+"""The implementations compare.py runs side by side, each behind the same small interface:
+
+    impl = make(name, inputs)          # may raise: the caller records why it could not run
+    out = impl.forward()               # [T, H, D], differentiable in inputs.q/k/v (or padded copies)
+    dq, dk, dv = impl.backward(out)    # gradients for inputs.dout, [T, ...] like q/k/v
+
+All of them see the same q, k, v, dout and offsets (inputs). FlexAttention runs on copies padded to
+one common length, so that it compiles once per (head dim, mask) instead of once per batch; its
+block mask lists no block of the padding, so the padding costs it (almost) nothing.
+"""
+from dataclasses import dataclass
+
+import torch
+
+import jagflash
+
+PEERS = ("FA2 varlen", "varlen_attn", "FlexAttention")
+IMPLEMENTATIONS = ("jagflash",) + PEERS
+_FLEX_BLOCK = 128
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor  # [T, H, D] leaves that require grad
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+    offsets: torch.Tensor  # int32 [B+1] on the device (self-attention: q and kv share them)
+    lengths: list
+    causal: bool
+    flex_length: int  # the common padded length of every batch of this run (a multiple of 128)
+
+    @property
+    def max_len(self):
+        return max(self.lengths, default=0)
+
+
+class _Implementation:
+    def unpad(self, out, grads):
+        """out and gradients as [T, H, D] tensors (only FlexAttention has something to undo)."""
+        return out, grads
+
+
+class _Autograd(_Implementation):
+    """backward() through torch.autograd, keeping the forward graph for the next repetition."""
+
+    def backward(self, out):
+        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+
+
+class Jagflash(_Autograd):
+    def __init__(self, x):
+        self.x, self.leaves, self.dout = x, (x.q, x.k, x.v), x.dout
+
+    def forward(self):
+        # "device": no host sync per call, like the peers (which check nothing).
+        return jagflash.jagged_attention(self.x.q, self.x.k, self.x.v, self.x.offsets, causal=self.x.causal,
+                                         check_offsets="device")
+
+
+class FlashAttention2(_Implementation):
+    """aten._flash_attention_forward / _backward called directly (the kernels behind SDPA's varlen path)."""
+
+    def __init__(self, x):
+        if not x.q.is_cuda:
+            raise RuntimeError("needs CUDA")
+        self.x = x
+
+    def forward(self):
+        x = self.x
+        out, self.lse, self.rng_state, self.unused, _ = torch.ops.aten._flash_attention_forward(
+            x.q.detach(), x.k.detach(), x.v.detach(), x.offsets, x.offsets, x.max_len, x.max_len, 0.0, x.causal, False
+        )
+        return out
+
+    def backward(self, out):
+        x = self.x
+        return torch.ops.aten._flash_attention_backward(
+            x.dout, x.q.detach(), x.k.detach(), x.v.detach(), out, self.lse, x.offsets, x.offsets, x.max_len,
+            x.max_len, 0.0, x.causal, self.rng_state, self.unused,
+        )
+
+
+class VarlenAttn(_Autograd):
+    """torch.nn.attention.varlen.varlen_attn (a custom op with its own autograd)."""
+
+    def __init__(self, x):
+        from torch.nn.attention.varlen import varlen_attn
+
+        if not x.q.is_cuda:
+            raise RuntimeError("needs CUDA")
+        self.x, self.fn, self.leaves, self.dout = x, varlen_attn, (x.q, x.k, x.v), x.dout
+
+    def forward(self):
+        x = self.x
+        return self.fn(x.q, x.k, x.v, x.offsets, x.offsets, x.max_len, x.max_len,
+                       window_size=(-1, 0) if x.causal else (-1, -1))
+
+
+# FlexAttention's mask reads document ids from these two buffers, refilled in place for every
+# batch: the mask functions and the tensors they read stay the same objects, so the compiled
+# kernel is reused (no recompilation per batch).
+_flex_state = {}
+
+
+def _doc_mask(b, h, q_idx, kv_idx):
+    return _flex_state["q_doc"][q_idx] == _flex_state["kv_doc"][kv_idx]
+
+
+def _doc_causal_mask(b, h, q_idx, kv_idx):
+    # Lq == Lk per document and both sides start at the same offset: bottom-right causal is q >= kv.
+    return (_flex_state["q_doc"][q_idx] == _flex_state["kv_doc"][kv_idx]) & (q_idx >= kv_idx)
+
+
+def _doc_ids(lengths, length, pad_id, device):
+    """Document id per token, padded to `length` with pad_id (q and kv pad differently, so padding
+    never sees padding)."""
+    ids = torch.full((length,), pad_id, dtype=torch.int32, device=device)
+    counts = torch.tensor(lengths, dtype=torch.int64, device=device)
+    total = int(sum(lengths))
+    ids[:total] = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32, device=device), counts)
+    return ids
+
+
+def _ordered(blocks):
+    """Dense [nq, nk] bool -> (num [1, 1, nq], indices [1, 1, nq, nk]) int32, listed blocks first."""
+    num = blocks.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[None, None].contiguous(), indices[None, None].contiguous()
+
+
+def document_block_mask(lengths, length, causal, device):
+    """A BlockMask for self-attention within documents, built from the lengths at block level
+    (never a token x token matrix): a block pair is listed when some document has tokens in both
+    (and, causal, the kv block does not start after the q block ends); it is full (no mask_mod
+    needed) when both blocks lie inside one document, without padding, and (causal) strictly
+    below the diagonal."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    q_doc = _doc_ids(lengths, length, -1, device)
+    kv_doc = _doc_ids(lengths, length, -2, device)
+    _flex_state["q_doc"], _flex_state["kv_doc"] = q_doc, kv_doc
+    per_block = q_doc.view(-1, _FLEX_BLOCK)
+    real = per_block >= 0
+    big = torch.iinfo(torch.int32).max
+    lo = torch.where(real, per_block, big).amin(dim=1)  # first document in the block (big: none)
+    hi = torch.where(real, per_block, -1).amax(dim=1)  # last document in the block (-1: none)
+    has_tokens = hi >= 0
+    overlap = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None]) & has_tokens[:, None] & has_tokens[None, :]
+    one_doc = has_tokens & real.all(dim=1) & (lo == hi)
+    full = one_doc[:, None] & one_doc[None, :] & (lo[:, None] == lo[None, :])
+    if causal:
+        n = per_block.shape[0]
+        idx = torch.arange(n, device=device)
+        overlap &= idx[None, :] <= idx[:, None]
+        full &= idx[None, :] < idx[:, None]
+    partial = overlap & ~full
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=_FLEX_BLOCK,
+                                    mask_mod=_doc_causal_mask if causal else _doc_mask, seq_lengths=(length, length))
+
+
+_compiled_flex = {}
+
+
+def _flex_attention(compile_flex):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compile_flex:
+        return flex_attention
+    if "fn" not in _compiled_flex:
+        _compiled_flex["fn"] = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex["fn"]
+
+
+class FlexAttention(_Autograd):
+    def __init__(self, x, compile_flex=True):
+        total, heads, head_dim = x.q.shape
+        self.total = total
+
+        def padded(t):
+            p = torch.zeros((x.flex_length, heads, head_dim), dtype=t.dtype, device=t.device)
+            p[:total] = t.detach()
+            return p.requires_grad_(t.requires_grad)
+
+        self.leaves = tuple(padded(t) for t in (x.q, x.k, x.v))
+        self.dout_padded = torch.zeros((x.flex_length, heads, head_dim), dtype=x.dout.dtype, device=x.dout.device)
+        self.dout_padded[:total] = x.dout
+        # [T, H, D] -> [1, H, T, D] views: flex reads strided inputs.
+        self.dout = self.dout_padded.unsqueeze(0).transpose(1, 2)
+        self.block_mask = document_block_mask(x.lengths, x.flex_length, x.causal, x.q.device)
+        self.fn = _flex_attention(compile_flex)
+
+    def forward(self):
+        q, k, v = (t.unsqueeze(0).transpose(1, 2) for t in self.leaves)
+        return self.fn(q, k, v, block_mask=self.block_mask)
+
+    def unpad(self, out, grads):
+        return out[0].transpose(0, 1)[: self.total], tuple(g[: self.total] for g in grads)
+
+
+def make(name, inputs, compile_flex=True):
+    if name == "jagflash":
+        return Jagflash(inputs)
+    if name == "FA2 varlen":
+        return FlashAttention2(inputs)
+    if name == "varlen_attn":
+        return VarlenAttn(inputs)
+    if name == "FlexAttention":
+        return FlexAttention(inputs, compile_flex)
+    raise ValueError(f"unknown implementation {name!r}")
