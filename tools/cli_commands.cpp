@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -297,16 +298,20 @@ int bench(const Options& o) {
     return 1;
   }
   const std::vector<std::string> dists = o.distributions.empty() ? gen::distribution_names() : o.distributions;
-  std::printf("jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; backend: the default GPU "
-              "path (today the GPU oracle: fp32 CUDA cores, no tensor cores)\n",
-              jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup);
+  const char* schedule = std::getenv("JAGFLASH_FWD_SCHEDULE");
+  const char* ping_pong = std::getenv("JAGFLASH_FWD_PINGPONG");
+  std::printf("jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; default GPU path: forward = "
+              "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = GPU oracle (fp32, no "
+              "tensor cores)\n",
+              jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
+              schedule ? schedule : "dynamic", ping_pong ? ping_pong : "1");
   std::printf("| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : dists) {
     GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
     const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
     const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
     const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
-    const double bwd_ms = median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+    const double bwd_ms = o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
     const double flops = g.forward_flops();
     std::printf("| %s | %s | %zu | %lld | %.3f | %.2f | %.3f | %.2f |\n", name.c_str(), mask_label(g.spec).c_str(),
                 g.spec.len_q.size(), static_cast<long long>(g.total_q()), fwd_ms, flops / fwd_ms * 1e-9, bwd_ms,

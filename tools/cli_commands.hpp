@@ -12,6 +12,7 @@ struct Options {
   std::vector<std::string> distributions;  // empty: the command's default
   bool cpu = false;                        // run: force the CPU reference path
   bool causal = false;
+  bool forward_only = false;  // bench: skip the backward
   int window_left = -1, window_right = -1;  // --window L,R
   bool window = false;
   std::string dtype = "bf16";

@@ -31,6 +31,7 @@ options:
   --dist NAME[,NAME...]   uniform1k, gemskew, pareto, onegiant, short (check/bench; default: all
                           for bench, gemskew for check)
   --causal                causal mask (bottom-right aligned)
+  --fwd-only              bench: time the forward only
   --window L,R            sliding window, -1 = unbounded
   --dtype bf16|fp16|fp32  (default bf16)
   --head-dim 64|128|256   (default 128)
@@ -78,6 +79,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       }
     } else if (a == "--causal") {
       o.causal = true;
+    } else if (a == "--fwd-only") {
+      o.forward_only = true;
     } else if (a == "--window") {
       const std::string v = value();
       const size_t comma = v.find(',');

@@ -30,8 +30,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     FullBarrier::init(&smem.q_full, 1);
     EmptyBarrier::init(&smem.q_empty, kConsumerWarps);
     for (int s = 0; s < Config::kStages; ++s) {
-      FullBarrier::init(&smem.kv_full[s], 1);
-      EmptyBarrier::init(&smem.kv_empty[s], kConsumerWarps);
+      FullBarrier::init(&smem.k_full[s], 1);
+      EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);
+      FullBarrier::init(&smem.v_full[s], 1);
+      EmptyBarrier::init(&smem.v_empty[s], kConsumerWarps);
     }
     cutlass::arch::fence_barrier_init();
   }

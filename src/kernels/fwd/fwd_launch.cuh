@@ -5,6 +5,8 @@
 #include "kernels/hopper_forward.hpp"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace jagflash::kernels::fwd {
 
@@ -29,9 +31,30 @@ auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
                                  make_stride(src.row_stride, _1{}, head_stride)));
 }
 
-template <class Element, int kHeadDim>
-cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  using Config = TileConfig<Element, kHeadDim>;
+// Benchmark knobs read from the environment once: JAGFLASH_FWD_SCHEDULE = dynamic (default) |
+// zigzag | grid, JAGFLASH_FWD_PINGPONG = 1 (default) | 0. They select among measured variants;
+// every variant is correct and tested.
+struct ForwardKnobs {
+  Schedule schedule = Schedule::kDynamic;
+  bool ping_pong = true;
+  static const ForwardKnobs& get() {
+    static const ForwardKnobs knobs = [] {
+      ForwardKnobs k;
+      if (const char* s = std::getenv("JAGFLASH_FWD_SCHEDULE")) {
+        if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
+        if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
+      }
+      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "0") != 0;
+      return k;
+    }();
+    return knobs;
+  }
+};
+
+template <class Element, int kHeadDim, bool kPingPong>
+cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,
+                                cudaStream_t stream) {
+  using Config = TileConfig<Element, kHeadDim, kPingPong>;
   using Traits = KernelTraits<Config>;
   const jf_problem& pb = a.problem;
   if (pb.q.rows == 0) return cudaSuccess;
@@ -68,15 +91,24 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
   p.pair_block = plan.pair_block;
   p.num_pairs = plan.num_pairs;
   p.tile_counter = plan.tile_counter;
+  p.schedule = schedule;
 
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
   err = cudaFuncSetAttribute(forward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  // One CTA per SM; fewer when the batch has fewer tiles than SMs (an upper bound on host).
+  // Persistent: one CTA per SM, fewer when the batch has fewer tiles (an upper bound on the
+  // host, which never reads the plan). The plain grid launches a CTA per possible tile.
   const int64_t max_tiles = launch.plan.max_pairs * pb.q.heads;
-  const int grid = static_cast<int>(max_tiles < sm_count() ? max_tiles : sm_count());
-  forward_kernel<Config><<<grid, Config::kThreads, kSmemBytes, stream>>>(p);
+  const int64_t grid = schedule == Schedule::kGrid ? max_tiles : (max_tiles < sm_count() ? max_tiles : sm_count());
+  forward_kernel<Config><<<static_cast<unsigned>(grid), Config::kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
+  const ForwardKnobs& knobs = ForwardKnobs::get();
+  return knobs.ping_pong ? run_forward_variant<Element, kHeadDim, true>(a, launch, knobs.schedule, stream)
+                         : run_forward_variant<Element, kHeadDim, false>(a, launch, knobs.schedule, stream);
 }
 
 }  // namespace jagflash::kernels::fwd

@@ -25,6 +25,7 @@ struct KernelTraits {
   static constexpr int kHeadDim = Config::kHeadDim;
   static constexpr int kStages = Config::kStages;
   static constexpr int kRowsPerWarpgroup = Config::kRowsPerWarpgroup;
+  static constexpr bool kPingPong = Config::kPingPong;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -64,7 +65,7 @@ struct KernelTraits {
                                        SmemLayoutKVStage{}));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVStageBytes = 2 * kBlockN * kHeadDim * sizeof(Element);  // K and V
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);  // one K (or V) block
 };
 
 template <class Traits>
@@ -74,9 +75,20 @@ struct SharedStorage {
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
   uint64_t q_full;                    // producer -> consumers: Q of the current tile landed
   uint64_t q_empty;                   // consumers -> producer: Q may be overwritten
-  uint64_t kv_full[Traits::kStages];  // K and V of a stage landed
-  uint64_t kv_empty[Traits::kStages]; // both consumer warpgroups are done with a stage
+  // K and V have their own barriers: a K stage frees as soon as S = Q K^T is done, so the next
+  // K load starts while the consumers still run the softmax and O += P V of the block.
+  uint64_t k_full[Traits::kStages];
+  uint64_t k_empty[Traits::kStages];
+  uint64_t v_full[Traits::kStages];
+  uint64_t v_empty[Traits::kStages];
   int32_t tile;                       // index into the plan of the current tile, -1 = no more work
+};
+
+// How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
+enum class Schedule : int32_t {
+  kDynamic = 0,  // persistent; next tile of the longest-first plan through an atomic counter
+  kZigzag = 1,   // persistent; static snake over the longest-first plan (round r: SM c or N-1-c)
+  kGrid = 2      // one CTA per tile in (batch, block, head) order, no sorting: the plain grid
 };
 
 // Device parameters: plain values, built once on the host by the launcher.
@@ -106,6 +118,7 @@ struct Params {
   const int32_t* pair_block;
   const int32_t* num_pairs;
   int32_t* tile_counter;
+  Schedule schedule;
 };
 
 // What one tile is, decoded from the plan the same way by the producer and the consumers.
@@ -125,7 +138,7 @@ struct TileInfo {
 template <class Traits>
 __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
   TileInfo t;
-  const int32_t pair = p.sorted_pairs[tile / p.num_heads];
+  const int32_t pair = p.schedule == Schedule::kGrid ? tile / p.num_heads : p.sorted_pairs[tile / p.num_heads];
   t.head = tile % p.num_heads;
   t.kv_head = t.head / p.group;
   t.batch = p.pair_batch[pair];

@@ -19,9 +19,11 @@ using namespace cute;
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
-// Issues a whole warpgroup GEMM over the K blocks of its operands and waits for it.
+// Issues a whole warpgroup GEMM over the K blocks of its operands as one wgmma batch.
 // kARegisters: A is a register fragment (P), which must be fenced like the accumulator.
-template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
+// kWait: wait for the batch here; otherwise the caller waits with warpgroup_wait<N>() and then
+// calls warpgroup_gemm_done() before touching the accumulator.
+template <bool kZeroInit, bool kARegisters, bool kWait, class TiledMma, class TA, class TB, class TC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
@@ -33,9 +35,22 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
+  if constexpr (kWait) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(c);
+    if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
+  }
+}
+
+// The round-th tile of this CTA under the chosen schedule (past the end: no more work).
+template <class Traits>
+__device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round) {
+  const int32_t ctas = static_cast<int32_t>(gridDim.x), cta = static_cast<int32_t>(blockIdx.x);
+  switch (p.schedule) {
+    case Schedule::kZigzag: return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+    case Schedule::kGrid: return round == 0 ? cta : INT32_MAX;
+    default: return atomicAdd(p.tile_counter, 1);
+  }
 }
 
 template <class Traits>
@@ -54,9 +69,9 @@ struct Producer {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
 
     const int32_t total_tiles = *p.num_pairs * p.num_heads;
-    uint32_t q_uses = 0, kv_uses = 0;
-    for (;;) {
-      const int32_t tile = atomicAdd(p.tile_counter, 1);
+    uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
+    for (int32_t round = 0;; ++round) {
+      const int32_t tile = next_tile(p, round);
       if (q_uses > 0) EmptyBarrier::wait(&smem.q_empty, (q_uses - 1) & 1);
       if (tile >= total_tiles) {
         smem.tile = -1;
@@ -78,18 +93,64 @@ struct Producer {
                              Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));
       Tensor gV = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mV(_, _, t.kv_head)),
                              Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));
-      auto [tKg, tKs] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto [tVg, tVs] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      // Not structured bindings: the loaders below capture them (a C++20 feature otherwise).
+      auto k_parts = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto v_parts = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      Tensor tKg = get<0>(k_parts);
+      Tensor tKs = get<1>(k_parts);
+      Tensor tVg = get<0>(v_parts);
+      Tensor tVs = get<1>(v_parts);
       // Same order as the consumers: last block first (the masked tail), down to the first.
-      for (int32_t n = static_cast<int32_t>(t.kv_blocks.hi); n >= t.kv_blocks.lo; --n) {
-        const uint32_t stage = kv_uses % kStages, round = kv_uses / kStages;
-        if (round > 0) EmptyBarrier::wait(&smem.kv_empty[stage], (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&smem.kv_full[stage], Traits::kKVStageBytes);
-        copy(p.tma_k.with(smem.kv_full[stage]), tKg(_, n), tKs(_, stage));
-        copy(p.tma_v.with(smem.kv_full[stage]), tVg(_, n), tVs(_, stage));
-        ++kv_uses;
+      // K of a block is issued one block ahead of V (K[n], then V[n+1]): the consumers need K of
+      // block n while they still multiply by V of the block before it.
+      auto load_k = [&](int32_t n) {
+        const uint32_t stage = k_uses % kStages, round = k_uses / kStages;
+        if (round > 0) EmptyBarrier::wait(&smem.k_empty[stage], (round - 1) & 1);
+        FullBarrier::arrive_and_expect_tx(&smem.k_full[stage], Traits::kKBytes);
+        copy(p.tma_k.with(smem.k_full[stage]), tKg(_, n), tKs(_, stage));
+        ++k_uses;
+      };
+      auto load_v = [&](int32_t n) {
+        const uint32_t stage = v_uses % kStages, round = v_uses / kStages;
+        if (round > 0) EmptyBarrier::wait(&smem.v_empty[stage], (round - 1) & 1);
+        FullBarrier::arrive_and_expect_tx(&smem.v_full[stage], Traits::kKBytes);
+        copy(p.tma_v.with(smem.v_full[stage]), tVg(_, n), tVs(_, stage));
+        ++v_uses;
+      };
+      const int32_t n_hi = static_cast<int32_t>(t.kv_blocks.hi), n_lo = static_cast<int32_t>(t.kv_blocks.lo);
+      for (int32_t n = n_hi; n >= n_lo; --n) {
+        load_k(n);
+        if (n < n_hi) load_v(n + 1);
       }
+      if (n_lo <= n_hi) load_v(n_lo);
       ++q_uses;
+    }
+  }
+};
+
+// Ping-pong between the two consumer warpgroups: each waits for its turn before issuing a
+// group of GEMMs and hands the turn to the other right after, so the tensor cores work for one
+// warpgroup while the other runs its softmax. Warpgroup 0 goes first. Both warpgroups issue the
+// same number of groups per tile, so the turns stay paired across tiles. A no-op without kPingPong.
+template <bool kPingPong>
+struct WarpgroupTurns {
+  static constexpr uint32_t kThreads = 256;  // both consumer warpgroups
+  int warpgroup;
+  __device__ explicit WarpgroupTurns(int wg) : warpgroup(wg) {
+    if constexpr (kPingPong)
+      if (warpgroup == 1) cutlass::arch::NamedBarrier::arrive(kThreads, /*barrier_id=*/0);
+  }
+  // Barrier ids as immediates: a register id made ptxas move the accumulators to local memory.
+  __device__ void wait_turn() const {
+    if constexpr (kPingPong) {
+      if (warpgroup == 0) cutlass::arch::NamedBarrier::sync(kThreads, 0);
+      else cutlass::arch::NamedBarrier::sync(kThreads, 1);
+    }
+  }
+  __device__ void pass_turn() const {
+    if constexpr (kPingPong) {
+      if (warpgroup == 0) cutlass::arch::NamedBarrier::arrive(kThreads, 1);
+      else cutlass::arch::NamedBarrier::arrive(kThreads, 0);
     }
   }
 };
@@ -123,8 +184,13 @@ struct Consumer {
     constexpr int kRows = decltype(size<0>(s_rc))::value;
     OnlineSoftmax<kRows> softmax;
 
+    // P (the probabilities in the input dtype) doubles as the A operand of O += P V.
+    Tensor tOrP = make_tensor_like<Element>(tSrS);
+    Tensor tOrP_a = make_tensor(tOrP.data(), acc_as_a_operand_layout(tOrP.layout()));
+
     const int lane = thread % 32;
-    uint32_t q_uses = 0, kv_uses = 0;
+    const WarpgroupTurns<Traits::kPingPong> turns(thread / 128);
+    uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (;;) {
       EmptyBarrier::wait(&smem.q_full, q_uses & 1);
       const int32_t tile = smem.tile;
@@ -132,35 +198,6 @@ struct Consumer {
       const TileInfo t = decode_tile(p, tile);
       softmax.reset();
       clear(tOrO);
-
-      auto block_step = [&](int32_t n, auto masked) {
-        const uint32_t stage = kv_uses % kStages;
-        EmptyBarrier::wait(&smem.kv_full[stage], (kv_uses / kStages) & 1);
-        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-        if constexpr (decltype(masked)::value) {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
-            // Visible columns of this block, relative to the thread's first column.
-            const int first = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
-            const int last = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
-#pragma unroll
-            for (int c = 0; c < size<1>(s_rc); ++c) {
-              const int col = AccumulatorCoords::col_offset(c);
-              if (col < first || col > last) s_rc(r, c) = -INFINITY;
-            }
-          }
-        }
-        softmax.step(s_rc, o_rc, p.scale_log2);
-        Tensor tOrP = make_tensor_like<Element>(tSrS);
-#pragma unroll
-        for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
-        Tensor tOrP_a = make_tensor(tOrP.data(), acc_as_a_operand_layout(tOrP.layout()));
-        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true>(mma_pv, tOrP_a, tOrV(_, _, _, stage), tOrO);
-        __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.kv_empty[stage]);
-        ++kv_uses;
-      };
 
       // Loop peeling: the masked blocks above the mask-free bulk, the bulk, the masked blocks
       // below it. The mask policy gives both ranges.
@@ -170,10 +207,71 @@ struct Consumer {
         bulk_lo = n_hi + 1;
         bulk_hi = n_hi;
       }
-      int32_t n = n_hi;
-      for (; n > bulk_hi; --n) block_step(n, cute::true_type{});
-      for (; n >= bulk_lo; --n) block_step(n, cute::false_type{});
-      for (; n >= n_lo; --n) block_step(n, cute::true_type{});
+
+      float correction[kRows];
+      // One loop body for every block, so nothing here is a function call that would force the
+      // register fragments into local memory. Loop peeling: `masked` is false on the bulk the
+      // mask policy proves mask-free, and the mask arithmetic is skipped there.
+      // Intra-warpgroup overlap: S of block n is issued together with O += P V of block n+1 (the
+      // previous one), its softmax runs while that GEMM is in flight, and O is rescaled only
+      // once the GEMM is done.
+      for (int32_t n = n_hi; n >= n_lo; --n) {
+        const bool first = n == n_hi;
+        const bool masked = n > bulk_hi || n < bulk_lo;
+        const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
+        EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
+        if (!first) EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        turns.wait_turn();
+        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+        if (!first)
+          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        turns.pass_turn();
+        if (first) warpgroup_wait<0>();
+        else warpgroup_wait<1>();  // S is ready; O += P V may still run
+        warpgroup_fence_operand(tSrS);
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
+        ++k_uses;
+        if (masked) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
+            // Visible columns of this block, relative to the thread's first column.
+            const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
+            const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
+#pragma unroll
+            for (int c = 0; c < size<1>(s_rc); ++c) {
+              const int col = AccumulatorCoords::col_offset(c);
+              if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
+            }
+          }
+        }
+        softmax.update(s_rc, p.scale_log2, correction);
+        if (!first) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP);
+          __syncwarp();
+          if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
+          ++v_uses;
+          OnlineSoftmax<kRows>::rescale(o_rc, correction);  // O is still zero on the first block
+        }
+#pragma unroll
+        for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
+      }
+      if (n_lo <= n_hi) {
+        // Last block's O += P V.
+        const uint32_t v_stage = v_uses % kStages;
+        EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        turns.wait_turn();
+        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        turns.pass_turn();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
+        ++v_uses;
+      }
 
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.q_empty);  // the last S GEMM has read Q

@@ -64,9 +64,11 @@ struct OnlineSoftmax {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
   }
 
-  // Turns scores into probabilities in place and rescales O's rows; S and O in rowcol view.
-  template <class TensorS, class TensorO>
-  __device__ void step(TensorS& s, TensorO& o, float scale_log2) {
+  // Turns scores into probabilities in place (S in rowcol view) and returns, per row, the factor
+  // by which O must be rescaled for the new running max. O is not touched here: with the
+  // intra-warpgroup overlap the previous block's O += P V may still be running.
+  template <class TensorS>
+  __device__ void update(TensorS& s, float scale_log2, float (&correction)[kRows]) {
     static_assert(decltype(size<0>(s))::value == kRows, "row count mismatch");
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -77,7 +79,7 @@ struct OnlineSoftmax {
       // A row that has seen no key yet keeps -inf; exponents are taken against 0 then, so every
       // p is exp2(-inf) = 0 instead of NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = exp2f(row_max[r] * scale_log2 - m_scaled);
+      correction[r] = exp2f(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
@@ -86,10 +88,16 @@ struct OnlineSoftmax {
         s(r, c) = p;
         sum += p;
       }
-      row_sum[r] = row_sum[r] * correction + sum;
-#pragma unroll
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+      row_sum[r] = row_sum[r] * correction[r] + sum;
     }
+  }
+
+  template <class TensorO>
+  __device__ static void rescale(TensorO& o, const float (&correction)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
   }
 };
 

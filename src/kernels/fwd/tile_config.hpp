@@ -12,10 +12,13 @@ namespace jagflash::kernels::fwd {
 //   a consumer thread gets after setmaxnreg, with room for P in bf16.
 // kStages = 2 K/V stages: at D = 128, Q (32 KB) + 2 x (K 32 KB + V 32 KB) = 160 KB of the
 //   227 KB a CTA may use; a third stage would leave too little for the O staging tile.
-template <class Element_, int kHeadDim_>
+// kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
+// one's softmax runs while the other's GEMMs use the tensor cores.
+template <class Element_, int kHeadDim_, bool kPingPong_ = true>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
