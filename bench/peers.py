@@ -97,9 +97,9 @@ class VarlenAttn(_Autograd):
                        window_size=(-1, 0) if x.causal else (-1, -1))
 
 
-# FlexAttention's mask reads document ids from these two buffers, refilled in place for every
-# batch: the mask functions and the tensors they read stay the same objects, so the compiled
-# kernel is reused (no recompilation per batch).
+# FlexAttention's mask functions read the document ids of the current batch from here. The
+# functions stay the same objects and the tensors keep one shape (the common padded length), so
+# the compiled kernels are reused for every batch: one compilation per (head dim, mask).
 _flex_state = {}
 
 

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""jagflash side by side with PyTorch's own kernels (FA2 varlen through aten, varlen_attn,
+FlexAttention with a document mask) on the five distributions of shared/bench/distributions.md,
+causal and not, D = 128 and 64; one process, the same inputs for all.
+
+Writes compare.json (every number), compare.md (a section for bench/RESULTS.md) and a PNG chart
+into --out (default $OUT, else bench/out), and prints the table last.
+
+    python bench/compare.py                              # on the GPU machine
+    python bench/compare.py --from DIR --update-results  # here: append DIR's section to RESULTS.md
+    python bench/compare.py --device cpu --scale 32 --max-batch 8   # a smoke run without a GPU
+
+Runs are kept short (few timed runs, each measurement capped by --budget-s) because jagflash's
+default GPU path may still be the fp32 oracle, which takes up to ~2 s a call on the big batches.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))  # a source checkout: jagflash from python/
+
+import jagflash  # noqa: E402
+import peers  # noqa: E402
+import report  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+MISMATCH_TOL = 5e-2  # bf16 inputs, fp32 vs bf16 P: a few 1e-3 is normal; this flags a real bug
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "out")), help="output folder")
+    p.add_argument("--dists", nargs="+", default=list(jagflash.DISTRIBUTIONS), choices=jagflash.DISTRIBUTIONS)
+    p.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
+    p.add_argument("--masks", nargs="+", default=["none", "causal"], choices=["none", "causal"])
+    p.add_argument("--impls", nargs="+", default=list(peers.IMPLEMENTATIONS), choices=peers.IMPLEMENTATIONS)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--seed", type=int, default=jagflash.DEFAULT_SEED)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--scale", type=int, default=1, help="divide every length by this (smoke runs)")
+    p.add_argument("--max-batch", type=int, default=0, help="keep only the first N sequences (smoke runs)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--budget-s", type=float, default=1.0, help="stop timing a measurement after this long")
+    p.add_argument("--no-compile-flex", action="store_true", help="eager FlexAttention (CPU smoke runs)")
+    p.add_argument("--commit", default=None, help="commit measured (default: git, else $JAGFLASH_COMMIT)")
+    p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/compare.json; run nothing")
+    p.add_argument("--update-results", action="store_true", help="append the section to bench/RESULTS.md")
+    return p.parse_args()
+
+
+def commit_of_checkout():
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("JAGFLASH_COMMIT", "unknown")
+
+
+def environment(args, device):
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'host'})"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": args.commit or commit_of_checkout(),
+        "command": "python bench/compare.py " + " ".join(sys.argv[1:]),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "jagflash": jagflash.library_version(),
+        "dtype": args.dtype,
+        "heads": args.heads,
+        "dists": list(args.dists),
+        "seed": args.seed,
+        "scale_note": "" if args.scale == 1 and not args.max_batch else
+        f"; lengths / {args.scale}, first {args.max_batch or 'all'} sequences",
+        "iters": args.iters,
+        "budget_s": args.budget_s,
+        "timer": "CUDA events" if device.type == "cuda" else "wall clock",
+        "mismatch_tol": MISMATCH_TOL,
+    }
+
+
+def measure(fn, device, warmup, iters, budget_s):
+    """(median ms, last result) of fn(). Warm-up calls stop early once one call alone would eat the
+    budget, and timed calls stop once the budget is spent (at least one is always timed)."""
+    def once():
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end), result
+        t0 = time.perf_counter()
+        result = fn()
+        return (time.perf_counter() - t0) * 1e3, result
+
+    budget_ms = budget_s * 1e3
+    for _ in range(warmup):
+        ms, result = once()
+        if ms * iters > budget_ms:
+            break
+    times = []
+    while len(times) < iters and sum(times) < budget_ms:
+        ms, result = once()
+        times.append(ms)
+    return statistics.median(times), result
+
+
+def batch_lengths(name, args):
+    lengths = jagflash.generate_lengths(name, args.seed)
+    if args.max_batch:
+        lengths = lengths[: args.max_batch]
+    return [max(1, n // args.scale) for n in lengths] if args.scale > 1 else lengths
+
+
+def normalised_error(actual, expected):
+    actual, expected = actual.float(), expected.float()
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+
+
+def run_case(impl_name, inputs, flops, device, args, reference):
+    """One implementation on one case: its row, and its (out, grads) for comparison."""
+    row = {"impl": impl_name}
+    try:
+        impl = peers.make(impl_name, inputs, compile_flex=not args.no_compile_flex)
+        fwd_ms, out = measure(impl.forward, device, args.warmup, args.iters, args.budget_s)
+        bwd_ms, grads = measure(lambda: impl.backward(out), device, args.warmup, args.iters, args.budget_s)
+        out, grads = impl.unpad(out, grads)
+        row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_tflops=flops / fwd_ms / 1e9, bwd_tflops=2.5 * flops / bwd_ms / 1e9)
+        result = (out.detach(), *grads)
+        if reference is not None:
+            row["max_err"] = max(normalised_error(a, b) for a, b in zip(result, reference))
+            row["mismatch"] = row["max_err"] > MISMATCH_TOL
+        return row, result
+    except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        return row, None
+
+
+def save(out_dir, meta, rows):
+    """Rewritten after every measurement, so a run cut short still leaves what it measured."""
+    (out_dir / "compare.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def run(args, out_dir):
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    meta = environment(args, device)
+    all_lengths = {name: batch_lengths(name, args) for name in args.dists}
+    # FlexAttention's common padded length: the longest batch, rounded up to its block.
+    flex_length = -(-max(sum(v) for v in all_lengths.values()) // 128) * 128
+    rows = []
+    generator = torch.Generator(device="cpu").manual_seed(args.seed)
+    for dist, lengths in all_lengths.items():
+        total = sum(lengths)
+        offsets = torch.tensor([0] + list(_cumsum(lengths)), dtype=torch.int32, device=device)
+        for head_dim in args.head_dims:
+            def rnd():
+                return torch.randn((total, args.heads, head_dim), generator=generator).to(device=device, dtype=dtype)
+
+            q, k, v, dout = rnd(), rnd(), rnd(), rnd()
+            for mask in args.masks:
+                causal = mask == "causal"
+                pairs = sum(jagflash.visible_pairs(n, n, causal=causal) for n in lengths)
+                flops = 4.0 * args.heads * head_dim * pairs
+                inputs = peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
+                                      causal, flex_length)
+                reference = None
+                for impl_name in args.impls:
+                    t0 = time.time()
+                    row, result = run_case(impl_name, inputs, flops, device, args, reference)
+                    if impl_name == "jagflash" and result is not None:
+                        reference = result
+                    row.update(dist=dist, mask=mask, head_dim=head_dim, batch=len(lengths), total=total)
+                    rows.append(row)
+                    save(out_dir, meta, rows)
+                    print(_progress(row, time.time() - t0), flush=True)
+                del inputs, reference
+            del q, k, v, dout
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return meta, rows
+
+
+def _cumsum(values):
+    acc = 0
+    for n in values:
+        acc += n
+        yield acc
+
+
+def _progress(row, seconds):
+    what = f"{row['dist']:>9} {row['mask']:>6} D{row['head_dim']:<3} {row['impl']:<13}"
+    if row.get("error"):
+        return f"{what} ERROR {row['error']}"
+    err = f"  err {row['max_err']:.2g}" if row.get("max_err") is not None else ""
+    return (f"{what} fwd {row['fwd_ms']:9.3f} ms {row['fwd_tflops']:7.3g} TFLOP/s   "
+            f"bwd {row['bwd_ms']:9.3f} ms {row['bwd_tflops']:7.3g} TFLOP/s{err}   ({seconds:.0f} s)")
+
+
+def main():
+    args = parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.from_dir:
+        saved = json.loads((Path(args.from_dir) / "compare.json").read_text())
+        meta, rows = saved["meta"], saved["rows"]
+        if args.commit:
+            meta["commit"] = args.commit
+    else:
+        t0 = time.time()
+        meta, rows = run(args, out_dir)
+        meta["seconds"] = round(time.time() - t0, 1)
+        save(out_dir, meta, rows)
+    png_name = f"compare-{meta['date']}-{meta['commit'].replace('+', '-')}.png"
+    report.chart(meta, rows, out_dir / png_name)
+    section = report.markdown(meta, rows, png_name)
+    (out_dir / "compare.md").write_text(section)
+    if args.update_results:
+        png = report.append_results(section, out_dir / png_name, HERE)
+        print(f"appended to {HERE / 'RESULTS.md'}; chart {png}")
+    if not args.from_dir:
+        print(f"compare.py: {meta['seconds']} s")
+    print(report.table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""jagflash: FlashAttention for jagged (packed variable-length) batches, as PyTorch ops.
+
+    out = jagflash.jagged_attention(q, k, v, q_offsets, causal=True)   # [total, H, D] + offsets
+    out = jagflash.attention(q_nt, k_nt, v_nt)                         # torch.nested, jagged
+
+CUDA tensors run the GPU path, CPU tensors the C++ float64 reference. The ops are registered as
+torch.ops.jagflash.fwd / .bwd (fake kernels and autograd included), so torch.compile with
+fullgraph=True and CUDA-graph capture hold them. Errors of the C library raise
+jagflash.JagflashError (InvalidArgumentError / UnsupportedError) with its message.
+"""
+from . import ops
+from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
+from ._lib import lib as _load_library
+from ._lib import library_path
+from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets
+from .functional import attention, jagged_attention
+from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
+
+__version__ = "0.1.0"
+
+
+def library_version():
+    """The loaded C library's version string."""
+    return _load_library().jagflash_version().decode()
+
+
+__all__ = [
+    "DEFAULT_SEED",
+    "DISTRIBUTIONS",
+    "InvalidArgumentError",
+    "JagflashError",
+    "UnsupportedError",
+    "attention",
+    "generate_lengths",
+    "get_check_offsets",
+    "jagged_attention",
+    "library_path",
+    "library_version",
+    "ops",
+    "read_device_error",
+    "set_check_offsets",
+    "visible_pairs",
+]

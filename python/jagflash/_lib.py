@@ -1,0 +1,75 @@
+"""Finds and loads libjagflash.so once, and declares the C functions' signatures.
+
+Search order (the first that exists wins):
+  1. $JAGFLASH_LIBRARY, a path to the library (a build carried to another machine);
+  2. the copy that `pip install .` ships inside the package;
+  3. <repo>/build/libjagflash.so, for a source checkout on PYTHONPATH=python.
+"""
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+from . import _capi
+
+_LIBRARY_NAME = "libjagflash.so"
+
+
+def candidate_paths():
+    """Where the library is looked for, in order."""
+    paths = []
+    env = os.environ.get("JAGFLASH_LIBRARY")
+    if env:
+        paths.append(Path(env))
+    here = Path(__file__).resolve().parent
+    paths.append(here / _LIBRARY_NAME)
+    paths.append(here.parent.parent / "build" / _LIBRARY_NAME)
+    return paths
+
+
+def _declare(lib):
+    p = ctypes.POINTER
+    signatures = {
+        "jagflash_version": ([], ctypes.c_char_p),
+        "jagflash_version_number": ([], ctypes.c_int),
+        "jagflash_last_error": ([], ctypes.c_char_p),
+        "jagflash_fwd_workspace_size": ([p(_capi.FwdArgs), p(ctypes.c_size_t)], _capi.c_enum),
+        "jagflash_fwd": ([p(_capi.FwdArgs)], _capi.c_enum),
+        "jagflash_bwd_workspace_size": ([p(_capi.BwdArgs), p(ctypes.c_size_t)], _capi.c_enum),
+        "jagflash_bwd": ([p(_capi.BwdArgs)], _capi.c_enum),
+        "jagflash_read_device_error": ([ctypes.c_void_p, ctypes.c_void_p], _capi.c_enum),
+        "jagflash_generate_lengths": (
+            [ctypes.c_char_p, ctypes.c_uint64, p(ctypes.c_int32), ctypes.c_int32, p(ctypes.c_int32)],
+            _capi.c_enum,
+        ),
+        "jagflash_visible_pairs": (
+            [ctypes.c_int32, ctypes.c_int32, _capi.c_enum, ctypes.c_int32, ctypes.c_int32],
+            ctypes.c_int64,
+        ),
+        "jagflash_cuda_device_count": ([], ctypes.c_int),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+
+
+def library_path():
+    """Path of the library that lib() loads; OSError naming every place looked in if none."""
+    paths = candidate_paths()
+    for path in paths:
+        if path.is_file():
+            return str(path)
+    raise OSError(
+        f"jagflash: {_LIBRARY_NAME} not found; looked in: {', '.join(map(str, paths))}. "
+        "Set JAGFLASH_LIBRARY to its path, install the package with `pip install .`, "
+        "or build it into <repo>/build."
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def lib():
+    """The loaded library. Loaded on first use, so `import jagflash` works before it is built."""
+    handle = ctypes.CDLL(library_path())
+    _declare(handle)
+    return handle

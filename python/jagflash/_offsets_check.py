@@ -1,0 +1,74 @@
+"""How offsets are validated, and reading the flag a device-side check leaves behind.
+
+  "host"   - offsets are copied to the host and checked before anything runs: bad offsets raise
+             InvalidArgumentError at the call, at the cost of one stream sync per call. Refused
+             (with an error) while the stream is being captured into a CUDA graph.
+  "device" - a small kernel checks them: no sync, capturable. On bad offsets nothing is written
+             (the outputs keep whatever memory they were given) and read_device_error() reports it.
+  "auto"   - (default) "device" while the current CUDA stream is capturing, "host" otherwise.
+CPU tensors are always checked on the host.
+"""
+import threading
+
+import torch
+
+from . import _capi, _errors, _lib
+
+MODES = ("auto", "host", "device")
+_default_mode = "auto"
+# The workspaces of the last forward and the last backward that ran with check_offsets="device"
+# (the device check leaves its flag in them). Process-wide, not per thread: autograd runs CUDA
+# backwards on its own threads. Only explicit "device" calls are remembered, so that "auto" under
+# capture never keeps a graph-pool allocation alive behind the graph's back.
+_remembered = {}
+_remembered_lock = threading.Lock()
+
+
+def _validate(mode):
+    if mode not in MODES:
+        raise _errors.invalid_argument("check_offsets", '"auto", "host" or "device"', repr(mode))
+    return mode
+
+
+def set_check_offsets(mode):
+    """Sets the mode used when a call passes check_offsets=None (the default; starts as "auto")."""
+    global _default_mode
+    _default_mode = _validate(mode)
+
+
+def get_check_offsets():
+    """The mode used when a call passes check_offsets=None."""
+    return _default_mode
+
+
+def resolve(mode):
+    """A call's check_offsets argument (None = the module setting), validated."""
+    return _default_mode if mode is None else _validate(mode)
+
+
+def launch_value(mode, device):
+    """jf_offsets_check for one call, decided when the call runs (not when it is traced)."""
+    if mode == "device" or (mode == "auto" and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return _capi.CHECK_OFFSETS_DEVICE
+    return _capi.CHECK_OFFSETS_HOST
+
+
+def remember(direction, mode, workspace):
+    """Keeps the workspace of an explicit "device" call so read_device_error() can read its flag."""
+    if mode == "device" and workspace is not None and workspace.is_cuda:
+        with _remembered_lock:
+            _remembered[direction] = workspace
+
+
+def read_device_error():
+    """Synchronises and raises InvalidArgumentError if the last forward or the last backward run
+    with check_offsets="device" (eagerly, or captured and then replayed in a CUDA graph) found bad
+    offsets."""
+    lib = _lib.lib()
+    with _remembered_lock:
+        workspaces = list(_remembered.values())
+    for workspace in workspaces:
+        with torch.cuda.device(workspace.device):
+            stream = torch.cuda.current_stream(workspace.device)
+            torch.cuda.synchronize(workspace.device)
+            _errors.check(lib.jagflash_read_device_error(workspace.data_ptr(), stream.cuda_stream), lib)

@@ -1,0 +1,92 @@
+"""The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out."""
+import torch
+
+from . import _offsets_check, ops
+from ._errors import invalid_argument
+from ._mask import mask_args
+
+
+def _offsets(name, offsets):
+    """int32 or int64 [B+1] on the tensors' device -> contiguous int32, with no host sync."""
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
+        given = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
+        raise invalid_argument(name, "an int32 or int64 tensor of B+1 offsets", given)
+    return offsets.to(torch.int32).contiguous()
+
+
+def _scale(scale):
+    """The C API reads scale 0 as 1/sqrt(D): None maps there, and an explicit 0 cannot be served."""
+    if scale is None:
+        return 0.0
+    if scale == 0:
+        raise invalid_argument("scale", "a non-zero number, or None for 1/sqrt(head_dim)", scale)
+    return float(scale)
+
+
+def jagged_attention(
+    q,
+    k,
+    v,
+    q_offsets,
+    kv_offsets=None,
+    *,
+    causal=False,
+    window=(-1, -1),
+    scale=None,
+    return_lse=False,
+    max_seqlen_q=None,
+    max_seqlen_kv=None,
+    check_offsets=None,
+):
+    """Attention over a jagged (packed) batch; differentiable in q, k and v.
+
+    q: [total_q, H, D]; k, v: [total_kv, H_kv, D] with H % H_kv == 0 (GQA/MQA); bf16 or fp16
+    (fp32 also accepted). Rows may be strided (slices of a fused QKV); the head dim is made
+    contiguous when it is not.
+    q_offsets, kv_offsets: int32 or int64 [B+1] on the tensors' device, offsets[0] == 0,
+    non-decreasing, last == total; kv_offsets=None means q's.
+    causal / window: FlashAttention's convention, bottom-right aligned when Lq != Lk: query i of a
+    sequence sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1 unbounded; causal
+    is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf)
+    and zero gradients.
+    scale: defaults to 1/sqrt(D).
+    return_lse: also return lse [H, total_q] float32 (natural log; not differentiable).
+    max_seqlen_q / max_seqlen_kv: accepted for FlashAttention compatibility and unused: jagflash
+    needs no host-side maximum.
+    check_offsets: "auto" | "host" | "device", None for the module setting (see
+    jagflash.set_check_offsets).
+    CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
+    """
+    del max_seqlen_q, max_seqlen_kv
+    mask, window_left, window_right = mask_args(causal, window)
+    q_offsets_i32 = _offsets("q_offsets", q_offsets)
+    kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
+    out, lse = ops.fwd(
+        q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
+        _offsets_check.resolve(check_offsets),
+    )
+    return (out, lse) if return_lse else out
+
+
+def _jagged_values(name, t):
+    """The packed [total, H, D] values of a (B, j, H, D) jagged nested tensor."""
+    if not (isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged):
+        raise invalid_argument(name, "a torch.nested tensor with layout=torch.jagged", type(t).__name__)
+    if t.dim() != 4 or getattr(t, "_ragged_idx", 1) != 1:
+        raise invalid_argument(name, "shape (B, j, H, D), ragged in dim 1", f"{t.dim()}-D, ragged in dim {t._ragged_idx}")
+    if t.lengths() is not None:
+        raise invalid_argument(name, "a packed nested tensor (no holes: call .contiguous())", "one with lengths")
+    return t.values()
+
+
+def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offsets=None):
+    """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D).
+
+    k and v share k's offsets. Returns a nested tensor with q's offsets (so it adds to q). Masks,
+    scale and check_offsets as in jagged_attention.
+    """
+    out = jagged_attention(
+        _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v), q.offsets(), k.offsets(),
+        causal=causal, window=window, scale=scale, check_offsets=check_offsets,
+    )
+    return torch.nested.nested_tensor_from_jagged(out, q.offsets())

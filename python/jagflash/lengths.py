@@ -1,0 +1,29 @@
+"""The benchmark batches and FLOP counts, from the C library so Python and C++ agree exactly."""
+import ctypes
+
+from . import _errors, _lib
+from ._mask import mask_args
+
+# The five distributions of shared/bench/distributions.md, in the order its tables use.
+DISTRIBUTIONS = ("uniform1k", "gemskew", "pareto", "onegiant", "short")
+# jagflash::gen::kDefaultSeed: the seed of the C++ CLI and benchmarks.
+DEFAULT_SEED = 20261129
+
+
+def generate_lengths(name, seed=DEFAULT_SEED):
+    """Sequence lengths of the named distribution for this seed (the same batch jagflash's C++
+    benchmarks draw)."""
+    lib = _lib.lib()
+    batch_size = ctypes.c_int32(0)
+    encoded = name.encode()
+    _errors.check(lib.jagflash_generate_lengths(encoded, seed, None, 0, ctypes.byref(batch_size)), lib)
+    lengths = (ctypes.c_int32 * batch_size.value)()
+    _errors.check(lib.jagflash_generate_lengths(encoded, seed, lengths, batch_size.value, ctypes.byref(batch_size)), lib)
+    return list(lengths)
+
+
+def visible_pairs(len_q, len_kv, *, causal=False, window=(-1, -1)):
+    """Number of (query, key) pairs one sequence computes under the mask; useful FLOPs of the
+    forward are 4 * H * D * the sum over sequences (the backward's 2.5 times that)."""
+    mask, left, right = mask_args(causal, window)
+    return int(_lib.lib().jagflash_visible_pairs(len_q, len_kv, mask, left, right))

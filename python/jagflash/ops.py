@@ -1,0 +1,86 @@
+"""The PyTorch custom ops torch.ops.jagflash.fwd / .bwd: real kernels (the C library), fake
+kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
+
+Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
+0 = 1/sqrt(D), the check_offsets mode), and return fresh contiguous tensors. They read no tensor
+value on the host, so a compiled graph holds them with no break and no sync of its own; "auto"
+offsets checking is decided when the op runs, so a CUDA-graph capture gets the device check.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from . import _launch
+
+
+@torch.library.custom_op("jagflash::fwd", mutates_args=())
+def fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Tensor,
+    mask: int,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    check_offsets: str,
+) -> Tuple[Tensor, Tensor]:
+    """out [total_q, H, D] and lse [H, total_q] float32. The lse is always produced: the
+    backward needs it."""
+    return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
+    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    total_q, heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("jagflash::bwd", mutates_args=())
+def bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Tensor,
+    mask: int,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    check_offsets: str,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv from dout and the forward's out and lse."""
+    return _launch.backward(
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets
+    )
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
+    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, *scalars = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse)
+    ctx.scalars = scalars
+    # lse is an output for callers that want it, not a differentiable one: the C API has no
+    # gradient input for it.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

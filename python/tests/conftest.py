@@ -1,0 +1,201 @@
+"""Shared pieces of the jagflash tests: devices, random jagged batches, and the float64 oracle
+(torch's scaled_dot_product_attention per sequence, on upcast tensors, with the mask built
+explicitly)."""
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+try:
+    import jagflash
+except ImportError:
+    # A source checkout without an install: python/ on the path, the library from build/
+    # (jagflash's own search order).
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    import jagflash
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+# Normalised max error (max |a - b| / max |b|) allowed on out and on the gradients, per dtype:
+# bf16/fp16 are rounded once on output (2^-8 / 2^-11 relative); fp32 leaves room for the GPU
+# paths' fp32 accumulation.
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-3),
+    torch.float16: (3e-3, 6e-3),
+    torch.bfloat16: (1e-2, 2e-2),
+}
+LSE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+
+# Named masks as (causal, window): every kind the API takes, including windows that leave rows
+# with no visible key once sequences are bottom-right aligned.
+MASKS = {
+    "none": (False, (-1, -1)),
+    "causal": (True, (-1, -1)),
+    "causal_left8": (True, (8, 0)),
+    "window_3_2": (False, (3, 2)),
+    "window_unbounded_left_5": (False, (-1, 5)),
+    "window_4_unbounded_right": (False, (4, -1)),
+    "diagonal": (False, (0, 0)),
+}
+
+
+@dataclass
+class Batch:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor
+    q_offsets: torch.Tensor
+    kv_offsets: torch.Tensor
+    seed: int
+
+    def leaves(self):
+        """q, k, v as fresh leaves that require grad."""
+        return [t.detach().clone().requires_grad_() for t in (self.q, self.k, self.v)]
+
+
+def offsets_of(lengths, device="cpu", dtype=torch.int32):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=dtype, device=device)
+
+
+def random_lengths(generator, count, high):
+    """count random lengths in [0, high], with 0 and 1 always among them."""
+    lengths = torch.randint(0, high + 1, (count,), generator=generator).tolist()
+    lengths[0], lengths[count // 2] = 0, 1
+    return lengths
+
+
+def make_batch(seed, *, q_lengths, kv_lengths=None, heads=4, kv_heads=None, head_dim=64,
+               dtype=None, device="cpu"):
+    """Random inputs on the given lengths (kv_lengths None: self-attention). dtype None: fp32 on
+    the CPU (tight tolerances), bf16 on CUDA (the dtype the fast GPU kernels serve)."""
+    if dtype is None:
+        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(seed)
+    kv_lengths = q_lengths if kv_lengths is None else kv_lengths
+    kv_heads = heads if kv_heads is None else kv_heads
+    total_q, total_kv = sum(q_lengths), sum(kv_lengths)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dtype=dtype, device=device)
+
+    return Batch(
+        q=rnd(total_q, heads, head_dim),
+        k=rnd(total_kv, kv_heads, head_dim),
+        v=rnd(total_kv, kv_heads, head_dim),
+        dout=rnd(total_q, heads, head_dim),
+        q_offsets=offsets_of(q_lengths, device),
+        kv_offsets=offsets_of(kv_lengths, device),
+        seed=seed,
+    )
+
+
+def visible(len_q, len_kv, causal, window):
+    """[Lq, Lk] bool: query i sees key j when i + s - left <= j <= i + s + right, s = Lk - Lq."""
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(len_q).unsqueeze(1)
+    j = torch.arange(len_kv).unsqueeze(0)
+    shift = len_kv - len_q
+    allowed = torch.ones(len_q, len_kv, dtype=torch.bool)
+    if left != -1:
+        allowed &= j >= i + shift - left
+    if right != -1:
+        allowed &= j <= i + shift + right
+    return allowed
+
+
+def reference(batch, *, causal=False, window=(-1, -1), scale=None):
+    """float64 out, lse, dq, dk, dv (on the CPU) from torch's SDPA per sequence.
+
+    A row that sees no key must give out 0, lse -inf and zero gradients; SDPA gives NaN there. So
+    such rows attend to every key inside SDPA (finite values and gradients) and their output is
+    then multiplied by 0, which also zeroes what flows back through them."""
+    q, k, v = (t.detach().double().cpu().requires_grad_() for t in (batch.q, batch.k, batch.v))
+    q_off, kv_off = batch.q_offsets.tolist(), batch.kv_offsets.tolist()
+    heads, head_dim = q.shape[1], q.shape[2]
+    group = heads // k.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    outs, lses = [], []
+    for b in range(len(q_off) - 1):
+        qs = q[q_off[b]:q_off[b + 1]]
+        ks = k[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
+        vs = v[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
+        len_q, len_kv = qs.shape[0], ks.shape[0]
+        allowed = visible(len_q, len_kv, causal, window)
+        sees_any = allowed.any(dim=1)
+        if len_kv == 0:
+            outs.append(qs * 0)
+            lses.append(torch.full((heads, len_q), -math.inf, dtype=torch.float64))
+            continue
+        safe = allowed | ~sees_any.unsqueeze(1)
+        o = F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=safe, scale=scale
+        ).transpose(0, 1)
+        outs.append(o * sees_any.view(-1, 1, 1))
+        s = torch.einsum("qhd,khd->hqk", qs, ks).detach() * scale
+        lses.append(torch.logsumexp(s.masked_fill(~allowed, -math.inf), dim=-1))
+    out = torch.cat(outs) if outs else q * 0
+    lse = torch.cat(lses, dim=1) if lses else torch.empty(heads, 0, dtype=torch.float64)
+    grads = torch.autograd.grad(out, (q, k, v), batch.dout.double().cpu(), allow_unused=True)
+    dq, dk, dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v)))
+    return out.detach(), lse, dq, dk, dv
+
+
+def rel_err(actual, expected):
+    """max |actual - expected| / max |expected| (absolute when expected is all zero)."""
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if expected.numel() == 0:
+        return 0.0
+    return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1.0)).item()
+
+
+def assert_same(actual, expected):
+    """Two jagflash runs on the same inputs: bitwise on the CPU (the reference is deterministic);
+    on the GPU within fp32 rounding, since its paths may sum in another order from run to run."""
+    tol = 0.0 if actual.device.type == "cpu" else 1e-5
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+
+
+def assert_close(name, actual, expected, tol, seed):
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)} (seed {seed})"
+    err = rel_err(actual, expected)
+    assert err <= tol, f"{name}: normalised max error {err:.3g} > {tol:g} (seed {seed})"
+
+
+def assert_lse_close(actual, expected, tol, seed):
+    """-inf exactly where the reference has it, close elsewhere."""
+    actual = actual.detach().double().cpu()
+    inf_a, inf_e = torch.isinf(actual), torch.isinf(expected)
+    assert torch.equal(inf_a, inf_e), f"lse: -inf at different rows (seed {seed})"
+    if (~inf_e).any():
+        err = ((actual - expected)[~inf_e].abs() / expected[~inf_e].abs().clamp_min(1.0)).max().item()
+        assert err <= tol, f"lse: max error {err:.3g} > {tol:g} (seed {seed})"
+
+
+def check_against_reference(batch, *, causal=False, window=(-1, -1), scale=None, **kwargs):
+    """Runs jagged_attention forward and backward on batch and compares all five results."""
+    q, k, v = batch.leaves()
+    out, lse = jagflash.jagged_attention(
+        q, k, v, batch.q_offsets, batch.kv_offsets, causal=causal, window=window, scale=scale,
+        return_lse=True, **kwargs,
+    )
+    out.backward(batch.dout)
+    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch, causal=causal, window=window, scale=scale)
+    tol_out, tol_grad = TOLERANCES[batch.q.dtype]
+    assert out.dtype == batch.q.dtype and lse.dtype == torch.float32
+    assert_close("out", out, ref_out, tol_out, batch.seed)
+    assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)
+    assert_close("dq", q.grad, ref_dq, tol_grad, batch.seed)
+    assert_close("dk", k.grad, ref_dk, tol_grad, batch.seed)
+    assert_close("dv", v.grad, ref_dv, tol_grad, batch.seed)

@@ -1,0 +1,139 @@
+"""What only the GPU has: CUDA-graph capture and replay with new offsets, the device-side offsets
+check, the current stream, torch.compile with CUDA graphs. Skipped (and reported so) without CUDA."""
+import pytest
+import torch
+
+import jagflash
+from conftest import TOLERANCES, Batch, assert_close, make_batch, needs_cuda, offsets_of, reference
+
+pytestmark = needs_cuda
+
+# Two batches of the same batch size and the same totals: a captured graph serves both, since
+# only the offsets' values change.
+Q_LENGTHS = ([40, 7, 90, 0], [1, 0, 100, 36])
+KV_LENGTHS = ([33, 12, 80, 5], [64, 2, 0, 64])
+
+
+def _batch():
+    return make_batch(51, q_lengths=Q_LENGTHS[0], kv_lengths=KV_LENGTHS[0], heads=4, kv_heads=2,
+                      dtype=torch.bfloat16, device="cuda")
+
+
+def _step(q, k, v, q_offsets, kv_offsets, dout, check_offsets=None):
+    out = jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True, check_offsets=check_offsets)
+    return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+
+def _check(results, static, q_lengths, kv_lengths):
+    """results (out, dq, dk, dv) against the float64 reference on these lengths."""
+    batch = Batch(static.q, static.k, static.v, static.dout, offsets_of(q_lengths), offsets_of(kv_lengths), static.seed)
+    tol_out, tol_grad = TOLERANCES[static.q.dtype]
+    for name, got, want, tol in zip(("out", "dq", "dk", "dv"), results, reference(batch, causal=True), (tol_out, *[tol_grad] * 3)):
+        assert_close(f"{name} (lengths {q_lengths} / {kv_lengths})", got, want, tol, static.seed)
+
+
+def _warm_up(fn):
+    """Eager runs on a side stream before capture (torch's recipe): libraries and kernels load
+    outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for mode in ("host", "device"):
+            fn(mode)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+@pytest.mark.parametrize("mode", ["auto", "device"])
+def test_cuda_graph_replay_with_new_offsets(mode):
+    static = _batch()
+    q, k, v = static.leaves()
+    q_offsets, kv_offsets = static.q_offsets.clone(), static.kv_offsets.clone()
+    _warm_up(lambda m: _step(q, k, v, q_offsets, kv_offsets, static.dout, m))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = _step(q, k, v, q_offsets, kv_offsets, static.dout, mode)
+    for q_lengths, kv_lengths in zip(Q_LENGTHS, KV_LENGTHS):
+        q_offsets.copy_(offsets_of(q_lengths))
+        kv_offsets.copy_(offsets_of(kv_lengths))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(results, static, q_lengths, kv_lengths)
+
+
+def test_host_check_is_refused_under_capture():
+    static = _batch()
+    q, k, v = static.leaves()
+    _warm_up(lambda m: _step(q, k, v, static.q_offsets, static.kv_offsets, static.dout, m))
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(jagflash.InvalidArgumentError, match="JF_CHECK_OFFSETS_DEVICE while the stream is being captured"):
+        with torch.cuda.graph(graph):
+            jagflash.jagged_attention(q, k, v, static.q_offsets, static.kv_offsets, check_offsets="host")
+
+
+def test_device_check_flags_bad_offsets_in_a_replayed_graph():
+    static = _batch()
+    q, k, v = static.leaves()
+    q_offsets, kv_offsets = static.q_offsets.clone(), static.kv_offsets.clone()
+    _warm_up(lambda m: _step(q, k, v, q_offsets, kv_offsets, static.dout, m))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _step(q, k, v, q_offsets, kv_offsets, static.dout, "device")
+    q_offsets[2] = q_offsets[1] - 1  # decreasing
+    graph.replay()
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"invalid offsets found on the device.*q_offsets: expected non-decreasing"):
+        jagflash.read_device_error()
+    q_offsets.copy_(offsets_of(Q_LENGTHS[1]))
+    kv_offsets.copy_(offsets_of(KV_LENGTHS[1]))
+    graph.replay()
+    jagflash.read_device_error()
+
+
+def test_device_check_in_eager_mode():
+    """No exception at the call (no sync); read_device_error() reports the forward's and the
+    backward's flags, and a later good call clears them."""
+    static = _batch()
+    q, k, v = static.leaves()
+    bad = static.q_offsets.clone()
+    bad[0] = 5
+    _step(q, k, v, bad, static.kv_offsets, static.dout, "device")
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets: expected \[0\] == 0"):
+        jagflash.read_device_error()
+    _step(q, k, v, static.q_offsets, static.kv_offsets, static.dout, "device")
+    jagflash.read_device_error()
+
+
+def test_runs_on_the_current_stream():
+    static = _batch()
+    expected = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_offsets_on_another_device():
+    static = _batch()
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets.device: expected cuda:0 \(q's device\), got cpu"):
+        jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets.cpu(), static.kv_offsets)
+
+
+def test_compile_with_cuda_graphs():
+    """mode="reduce-overhead" records CUDA graphs of forward and backward: the "auto" offsets
+    check switches to the device check inside them, and new offsets replay correctly."""
+    static = _batch()
+    torch._dynamo.reset()
+
+    @torch.compile(mode="reduce-overhead", fullgraph=True)
+    def attention(q, k, v, q_offsets, kv_offsets):
+        return jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True)
+
+    for step in range(4):
+        q_lengths, kv_lengths = Q_LENGTHS[step % 2], KV_LENGTHS[step % 2]
+        q, k, v = static.leaves()
+        torch.compiler.cudagraph_mark_step_begin()
+        out = attention(q, k, v, offsets_of(q_lengths).cuda(), offsets_of(kv_lengths).cuda())
+        out.backward(static.dout)
+        _check((out.detach().clone(), q.grad, k.grad, v.grad), static, q_lengths, kv_lengths)
+    torch._dynamo.reset()

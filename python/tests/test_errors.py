@@ -1,0 +1,128 @@
+"""Errors: the C API's messages (argument, expected, given) as Python exceptions, and the few
+checks made in Python in the same shape."""
+import pytest
+import torch
+
+import jagflash
+from conftest import DEVICES, make_batch, offsets_of
+
+
+def _call(batch, q_offsets=None, kv_offsets=None, **kwargs):
+    return jagflash.jagged_attention(
+        batch.q, batch.k, batch.v,
+        batch.q_offsets if q_offsets is None else q_offsets,
+        batch.kv_offsets if kv_offsets is None else kv_offsets, **kwargs,
+    )
+
+
+@pytest.fixture
+def batch():
+    return make_batch(41, q_lengths=[4, 0, 6], kv_lengths=[5, 2, 3])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "offsets,message",
+    [
+        ([1, 4, 4, 10], r"problem.q_offsets\[0\]: expected 0, got 1"),
+        ([0, 6, 4, 10], r"problem.q_offsets\[2\]: expected non-decreasing offsets .*, got 4"),
+        ([0, 4, 4, 9], r"problem.q_offsets\[B=3\]: expected the token count 10, got 9"),
+    ],
+    ids=["first", "decreasing", "last"],
+)
+def test_bad_offsets_raise_the_c_message(device, offsets, message):
+    batch = make_batch(42, q_lengths=[4, 0, 6], kv_lengths=[5, 2, 3], device=device)
+    with pytest.raises(jagflash.InvalidArgumentError, match=message) as info:
+        _call(batch, q_offsets=torch.tensor(offsets, dtype=torch.int32, device=device))
+    assert info.value.status == 1  # JF_ERR_INVALID_ARGUMENT
+
+
+def test_kv_offsets_total_is_checked(batch):
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.kv_offsets\[B=3\]: expected the token count 10"):
+        _call(batch, kv_offsets=offsets_of([5, 2, 4]))
+
+
+def test_unsupported_head_dim(batch):
+    q = torch.randn(10, 4, 48)
+    with pytest.raises(jagflash.UnsupportedError, match=r"problem.q.head_dim: expected 64, 128 or 256, got 48"):
+        jagflash.jagged_attention(q, q, q, batch.q_offsets)
+
+
+def test_heads_must_divide(batch):
+    k = torch.randn(10, 3, 64)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.k.heads: expected a divisor of q.heads \(4\), got 3"):
+        jagflash.jagged_attention(batch.q, k, k, batch.q_offsets, batch.q_offsets)
+
+
+def test_value_rows_must_match_keys(batch):
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.v.rows: expected 10, got 9"):
+        jagflash.jagged_attention(batch.q, batch.k, batch.v[:9], batch.q_offsets, batch.kv_offsets)
+
+
+def test_backward_errors_surface_too(batch):
+    q, k, v = batch.leaves()
+    out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "auto")
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.q_offsets\[0\]: expected 0, got 1"):
+        torch.ops.jagflash.bwd(batch.dout, q.detach(), k.detach(), v.detach(), out, lse,
+                               offsets_of([4, 0, 6]) + 1, batch.kv_offsets, 0, -1, -1, 0.0, "auto")
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"lse: expected float32 \[H, total_q\] = \[4, 10\]"):
+        torch.ops.jagflash.bwd(batch.dout, q.detach(), k.detach(), v.detach(), out, lse.t(),
+                               batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "auto")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda b: {"q": b.q.double()}, r"q.dtype: expected torch.bfloat16, torch.float16 or torch.float32, got torch.float64"),
+        (lambda b: {"k": b.k.half()}, r"k.dtype: expected torch.float32 \(q's dtype\), got torch.float16"),
+        (lambda b: {"q": b.q[0]}, r"q: expected a \[tokens, heads, head_dim\] tensor, got shape \(4, 64\)"),
+        (lambda b: {"q_offsets": b.q_offsets.float()}, r"q_offsets: expected an int32 or int64 tensor of B\+1 offsets, got torch.float32"),
+        (lambda b: {"q_offsets": [0, 4, 4, 10]}, r"q_offsets: expected an int32 or int64 tensor of B\+1 offsets, got list"),
+        (lambda b: {"kv_offsets": offsets_of([5, 5])}, r"kv_offsets: expected B\+1 = 4 entries \(as many as q_offsets\), got 3"),
+    ],
+    ids=["q-dtype", "mixed-dtypes", "q-rank", "offsets-dtype", "offsets-list", "offsets-length"],
+)
+def test_python_side_checks(batch, change, message):
+    args = {"q": batch.q, "k": batch.k, "v": batch.v, "q_offsets": batch.q_offsets, "kv_offsets": batch.kv_offsets}
+    args.update(change(batch))
+    with pytest.raises(jagflash.InvalidArgumentError, match=message):
+        jagflash.jagged_attention(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"causal": True, "window": (4, 2)}, r"window\[1\]: expected -1 or 0 with causal=True"),
+        ({"window": (-2, 0)}, r"window\[0\]: expected >= -1"),
+        ({"window": 5}, r"window: expected a pair \(left, right\)"),
+        ({"scale": 0.0}, r"scale: expected a non-zero number"),
+        ({"check_offsets": "sometimes"}, r"check_offsets: expected \"auto\", \"host\" or \"device\", got 'sometimes'"),
+    ],
+    ids=["causal-right-window", "window-below-minus-one", "window-not-a-pair", "zero-scale", "check-mode"],
+)
+def test_argument_checks(batch, kwargs, message):
+    with pytest.raises(jagflash.InvalidArgumentError, match=message):
+        _call(batch, **kwargs)
+
+
+def test_errors_are_value_errors(batch):
+    """Callers that catch ValueError (or RuntimeError) for bad arguments keep working."""
+    with pytest.raises(ValueError):
+        _call(batch, q_offsets=offsets_of([4, 0, 5]))
+    assert issubclass(jagflash.JagflashError, RuntimeError)
+
+
+def test_check_offsets_setting_round_trips():
+    assert jagflash.get_check_offsets() == "auto"
+    jagflash.set_check_offsets("host")
+    try:
+        assert jagflash.get_check_offsets() == "host"
+    finally:
+        jagflash.set_check_offsets("auto")
+    with pytest.raises(jagflash.InvalidArgumentError):
+        jagflash.set_check_offsets("never")
+
+
+def test_cpu_is_checked_on_the_host_even_in_device_mode(batch):
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.q_offsets\[0\]"):
+        _call(batch, q_offsets=offsets_of([4, 0, 6]) + 1, check_offsets="device")

@@ -1,0 +1,63 @@
+"""jagflash.attention on torch.nested jagged tensors (B, j, H, D)."""
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import jagflash
+from conftest import DEVICES, assert_same, make_batch
+
+
+def _nested(values, offsets):
+    return torch.nested.nested_tensor_from_jagged(values, offsets.long())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nested_matches_packed(device):
+    batch = make_batch(31, q_lengths=[5, 1, 17, 0, 8], kv_lengths=[6, 3, 17, 2, 0], heads=4, kv_heads=2,
+                       device=device)
+    q, k, v = batch.leaves()
+    out = jagflash.attention(_nested(q, batch.q_offsets), _nested(k, batch.kv_offsets),
+                             _nested(v, batch.kv_offsets), causal=True)
+    assert out.is_nested and out.layout == torch.jagged and out.dim() == 4
+    assert out.shape[0] == 5 and out.shape[2:] == q.shape[1:]
+    assert_same(out.offsets(), batch.q_offsets.long())
+    out.values().backward(batch.dout)
+
+    q2, k2, v2 = batch.leaves()
+    expected = jagflash.jagged_attention(q2, k2, v2, batch.q_offsets, batch.kv_offsets, causal=True)
+    expected.backward(batch.dout)
+    assert_same(out.values(), expected)
+    for got, want in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        assert_same(got, want)
+
+
+def test_nested_from_list_of_sequences():
+    """The usual way to build one: a list of [L_i, H, D] tensors."""
+    seqs = [torch.randn(n, 2, 64) for n in (3, 1, 6)]
+    nt = torch.nested.nested_tensor(seqs, layout=torch.jagged)
+    out = jagflash.attention(nt, nt, nt)
+    offsets = torch.tensor([0, 3, 4, 10])
+    packed = torch.cat(seqs)
+    torch.testing.assert_close(out.values(), jagflash.jagged_attention(packed, packed, packed, offsets))
+    out_plus_q = out + nt  # same offsets: the output adds to its input (a residual)
+    assert out_plus_q.shape[0] == 3
+
+
+def test_nested_under_compile():
+    counter = CompileCounterWithBackend("aot_eager")
+    batch = make_batch(32, q_lengths=[5, 1, 17, 8])
+    nts = [_nested(t, batch.q_offsets) for t in (batch.q, batch.k, batch.v)]
+    torch._dynamo.reset()
+    out = torch.compile(lambda q, k, v: jagflash.attention(q, k, v, causal=True), backend=counter, fullgraph=True)(*nts)
+    assert_same(out.values(), jagflash.attention(*nts, causal=True).values())
+    assert counter.frame_count == 1
+
+
+def test_nested_rejects_other_layouts():
+    dense = torch.randn(2, 3, 4, 64)
+    with pytest.raises(jagflash.InvalidArgumentError, match="q: expected a torch.nested tensor"):
+        jagflash.attention(dense, dense, dense)
+    nt = torch.nested.nested_tensor([torch.randn(3, 2, 64), torch.randn(4, 2, 64)], layout=torch.jagged)
+    transposed = nt.transpose(1, 2)  # (B, H, j, D): ragged in dim 2
+    with pytest.raises(jagflash.InvalidArgumentError, match="ragged in dim 1"):
+        jagflash.attention(transposed, transposed, transposed)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine, from a repo copy with the carried build (no pip install, no network): the
+# Python tests (CUDA ones included) and bench/compare.py, with jagflash from python/ and the
+# library from the build. Logs and results go to $OUT (or ./gpu-logs): pytest.log, compare.log,
+# compare.json, compare.md and the chart (5 files). A short table is printed last.
+#   usage: scripts/gpu-python.sh [build-dir]
+#   SKIP_TESTS=1 / SKIP_COMPARE=1 skip a step; COMPARE_ARGS="..." goes to compare.py;
+#   JAGFLASH_COMMIT=<sha> names the commit measured (the copy has no git history).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$(cd "${1:-$root/build}" && pwd)"
+out="${OUT:-$root/gpu-logs}"
+python="${PYTHON:-python3}"
+mkdir -p "$out"
+cd "$root"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export JAGFLASH_LIBRARY="$build/libjagflash.so"
+declare -a summary
+
+step() {  # step NAME LOGFILE TIMEOUT COMMAND...
+  local name="$1" log="$2" limit="$3"; shift 3
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$log" 2>&1
+  local rc=$?
+  local state; state="$([ $rc = 0 ] && echo PASS || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })"
+  summary+=("$(printf '%-10s %-7s %4ss  %s' "$name" "$state" "$((SECONDS - t0))" "$log")")
+  return $rc
+}
+
+# Both steps fit one 10-minute device call: tests about 2 minutes, compare.py about 4.
+[ "${SKIP_TESTS:-0}" = 1 ] || step pytest pytest.log 240 "$python" -m pytest -rs -q -p no:cacheprovider python/tests
+if [ "${SKIP_COMPARE:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  step compare compare.log 330 "$python" bench/compare.py --out "$out" ${COMPARE_ARGS:-}
+  # Cut short: compare.json holds every finished measurement; render its table and chart.
+  [ $? = 124 ] && "$python" bench/compare.py --from "$out" --out "$out" >>"$out/compare.log" 2>&1
+fi
+
+echo "==== logs in $out"
+[ -f "$out/pytest.log" ] && { echo "---- pytest"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head -20; tail -n 1 "$out/pytest.log"; }
+[ -f "$out/compare.log" ] && { echo "---- compare (TFLOP/s fwd / bwd)"; grep -E "^\||^compare.py:" "$out/compare.log" | tail -n 23; }
+echo "==== summary ($("$python" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>/dev/null))"
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -qE "FAIL|TIMEOUT"
