@@ -22,28 +22,50 @@ __device__ __forceinline__ uint32_t pack2(cutlass::half_t, float a, float b) {
   return reinterpret_cast<const uint32_t&>(v);
 }
 
+// O goes registers -> shared memory (one 32-bit store per column pair) -> global memory in
+// 16-byte row chunks, so the global stores are full-width and coalesced whatever the
+// accumulator layout, and a row past the sequence's end is simply skipped.
 template <class Traits, class TensorO, class Softmax>
-__device__ __forceinline__ void store_tile(const Params<Traits>& p, const TileInfo& t, TensorO& o_rc,
-                                           const AccumulatorCoords& coords, Softmax& softmax, int thread) {
+__device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorage<Traits>& smem, const TileInfo& t,
+                                           TensorO& o_rc, const AccumulatorCoords& coords, Softmax& softmax,
+                                           int thread) {
   using Element = typename Traits::Element;
   constexpr int kRows = decltype(size<0>(o_rc))::value;
+  constexpr int kWgRows = Traits::kRowsPerWarpgroup;
+  constexpr int kStride = Traits::kOSmemStride;
+  constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
+  constexpr int kChunksPerRow = Traits::kHeadDim / kChunk;
+  const int warpgroup = thread / 128, wg_thread = thread % 128;
+  // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (2 + wg;
+  // 0 and 1 are the ping-pong turns).
+  Element* o_smem = smem.o.data() + warpgroup * kWgRows * kStride;
+  const uint32_t barrier = 2 + warpgroup;
+
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float l = Softmax::quad_sum(softmax.row_sum[r]);
     const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const int32_t i = t.m_block * Traits::kBlockM + coords.row(r);
+    const int tile_row = coords.row(r);
+    Element* row_smem = o_smem + (tile_row - warpgroup * kWgRows) * kStride;
+#pragma unroll
+    for (int c = 0; c < size<1>(o_rc); c += 2)
+      *reinterpret_cast<uint32_t*>(row_smem + coords.col(c)) =
+          pack2(Element{}, o_rc(r, c) * inv_l, o_rc(r, c + 1) * inv_l);
+    const int32_t i = t.m_block * Traits::kBlockM + tile_row;
+    if (p.lse != nullptr && thread % 4 == 0 && i < t.len_q)
+      p.lse[int64_t(t.head) * p.total_q + t.q_start + i] =
+          l > 0.f ? softmax.row_max[r] * p.scale + logf(l) : -INFINITY;
+  }
+  cutlass::arch::NamedBarrier::sync(128, barrier);
+  for (int idx = wg_thread; idx < kWgRows * kChunksPerRow; idx += 128) {
+    const int row_local = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+    const int32_t i = t.m_block * Traits::kBlockM + warpgroup * kWgRows + row_local;
     if (i >= t.len_q) continue;
     const int64_t row = int64_t(t.q_start) + i;
-    Element* out_row = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride;
-    // Column pairs (c, c+1) are adjacent in the accumulator: one 32-bit store each.
-#pragma unroll
-    for (int c = 0; c < size<1>(o_rc); c += 2) {
-      const int col = coords.col(c);
-      *reinterpret_cast<uint32_t*>(out_row + col) = pack2(Element{}, o_rc(r, c) * inv_l, o_rc(r, c + 1) * inv_l);
-    }
-    if (p.lse != nullptr && thread % 4 == 0)
-      p.lse[int64_t(t.head) * p.total_q + row] = l > 0.f ? softmax.row_max[r] * p.scale + logf(l) : -INFINITY;
+    Element* dst = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride + chunk * kChunk;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o_smem + row_local * kStride + chunk * kChunk);
   }
+  cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging rows are free for the next tile
 }
 
 }  // namespace jagflash::kernels::fwd

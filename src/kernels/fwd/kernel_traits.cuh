@@ -64,6 +64,9 @@ struct KernelTraits {
                                        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
                                        SmemLayoutKVStage{}));
 
+  // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
+  // then hit 32 different banks.
+  static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);  // one K (or V) block
 };
@@ -73,6 +76,8 @@ struct SharedStorage {
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> k;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
+  // O of the tile on its way out (epilogue), [kBlockM][kOSmemStride].
+  cute::array_aligned<typename Traits::Element, Traits::kBlockM * Traits::kOSmemStride, 128> o;
   uint64_t q_full;                    // producer -> consumers: Q of the current tile landed
   uint64_t q_empty;                   // consumers -> producer: Q may be overwritten
   // K and V have their own barriers: a K stage frees as soon as S = Q K^T is done, so the next

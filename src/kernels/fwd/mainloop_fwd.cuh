@@ -275,7 +275,7 @@ struct Consumer {
 
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.q_empty);  // the last S GEMM has read Q
-      store_tile<Traits>(p, t, o_rc, coords, softmax, thread);
+      store_tile<Traits>(p, smem, t, o_rc, coords, softmax, thread);
       ++q_uses;
     }
   }
