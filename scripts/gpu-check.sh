@@ -41,8 +41,28 @@ if [ "${QUICK:-0}" != 1 ]; then
   step "bench causal" bench_causal.log "$cli" bench --iters 5 --warmup 1 --causal
 fi
 
+if [ "${SANITIZE:-0}" = 1 ]; then
+  # Small cases: the sanitizers slow kernels down by orders of magnitude.
+  small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten'
+  step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  step "compute-sanitizer racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+fi
+if [ "${VARIANTS:-0}" = 1 ]; then
+  # Forward variants side by side (bench/NOTES.md): schedule x ping-pong, both masks.
+  : >"$out/variants.log"
+  for sched in dynamic zigzag grid; do
+    for pp in 1 0; do
+      for mask in "" --causal; do
+        JAGFLASH_FWD_SCHEDULE=$sched JAGFLASH_FWD_PINGPONG=$pp timeout 120 "$cli" bench --fwd-only --iters 10 --warmup 2 $mask \
+          | grep '^| [a-z]' | sed "s/^/| $sched | pp=$pp /" >>"$out/variants.log"
+      done
+    done
+  done
+  step "variants table" variants_done.log cat "$out/variants.log"
+fi
+
 echo "==== logs in $out"
-for f in run.log bench.log bench_causal.log; do
+for f in run.log bench.log bench_causal.log variants.log memcheck.log racecheck.log; do
   [ -f "$out/$f" ] && { echo "---- $f"; tail -n 12 "$out/$f"; }
 done
 echo "==== summary ($(head -2 "$out/gpu.txt" | tail -1))"
