@@ -173,13 +173,15 @@ def run(args, out_dir):
     # FlexAttention's common padded length: the longest batch, rounded up to its block.
     flex_length = -(-max(sum(v) for v in all_lengths.values()) // 128) * 128
     rows = []
-    generator = torch.Generator(device="cpu").manual_seed(args.seed)
+    # Drawn on the device: a CPU draw of the big batches (hundreds of millions of values) would
+    # take longer than the measurements.
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     for dist, lengths in all_lengths.items():
         total = sum(lengths)
         offsets = torch.tensor([0] + list(_cumsum(lengths)), dtype=torch.int32, device=device)
         for head_dim in args.head_dims:
             def rnd():
-                return torch.randn((total, args.heads, head_dim), generator=generator).to(device=device, dtype=dtype)
+                return torch.randn((total, args.heads, head_dim), generator=generator, device=device).to(dtype)
 
             q, k, v, dout = rnd(), rnd(), rnd(), rnd()
             for mask in args.masks:
