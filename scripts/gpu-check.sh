@@ -29,7 +29,7 @@ step "gpu tests" gpu_tests.log "$build/tests/jagflash_gpu_tests"
 # The forward's benchmark knobs select other variants: each must be as correct as the default.
 JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_PINGPONG=0 step "hopper tests, no ping-pong" hopper_nopp.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 step "jagflash run" run.log "$cli" run
 step "jagflash run --causal" run_causal.log "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then

@@ -304,7 +304,7 @@ int bench(const Options& o) {
               "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = GPU oracle (fp32, no "
               "tensor cores)\n",
               jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
-              schedule ? schedule : "dynamic", ping_pong ? ping_pong : "1");
+              schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0");
   std::printf("| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : dists) {
     GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
