@@ -247,7 +247,14 @@ def main():
     if not args.from_dir:
         print(f"compare.py: {meta['seconds']} s")
     print(report.table(rows))
+    # A peer that cannot run is recorded and tolerated; jagflash failing, or any implementation
+    # disagreeing with jagflash, fails the run.
+    failed = [r for r in rows if (r["impl"] == "jagflash" and r.get("error")) or r.get("mismatch")]
+    for r in failed:
+        print(f"FAILED: {r['impl']} on {r['dist']}/{r['mask']}/D{r['head_dim']}: "
+              f"{r.get('error') or 'differs from jagflash by %.3g' % r['max_err']}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -38,7 +38,7 @@ fi
 
 echo "==== logs in $out"
 [ -f "$out/pytest.log" ] && { echo "---- pytest"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head -20; tail -n 1 "$out/pytest.log"; }
-[ -f "$out/compare.log" ] && { echo "---- compare (TFLOP/s fwd / bwd)"; grep -E "^\||^compare.py:" "$out/compare.log" | tail -n 23; }
+[ -f "$out/compare.log" ] && { echo "---- compare (TFLOP/s fwd / bwd)"; grep -E "^\||^compare.py:|^FAILED" "$out/compare.log" | tail -n 30; }
 echo "==== summary ($("$python" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>/dev/null))"
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -qE "FAIL|TIMEOUT"
