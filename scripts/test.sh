@@ -10,3 +10,6 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 cmake -S . -B "$build" -DJAGFLASH_WERROR=ON ${JAGFLASH_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+# The Python package: pinned torch from PyPI into .venv/, `pip install .`, pytest (the CUDA tests
+# are reported as skipped without a GPU).
+scripts/test-python.sh
