@@ -71,6 +71,20 @@ struct KernelTraits {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);  // one K (or V) block
 };
 
+// What one tile is, decoded from the plan the same way by the producer and the consumers.
+struct TileInfo {
+  int32_t batch;
+  int32_t m_block;
+  int32_t head;
+  int32_t kv_head;
+  int32_t q_start;
+  int32_t kv_start;
+  int32_t len_q;
+  int32_t len_kv;
+  IndexRange kv_blocks;     // every KV block the tile visits
+  IndexRange unmasked;      // the blocks among them that need no mask (may be empty)
+};
+
 template <class Traits>
 struct SharedStorage {
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
@@ -86,7 +100,10 @@ struct SharedStorage {
   uint64_t k_empty[Traits::kStages];
   uint64_t v_full[Traits::kStages];
   uint64_t v_empty[Traits::kStages];
-  int32_t tile;                       // index into the plan of the current tile, -1 = no more work
+  // The current tile, decoded by the producer (its plan and offset reads are global loads with
+  // a dependent chain; done once, ahead of time, instead of by every consumer at every tile).
+  TileInfo tile;
+  int32_t has_tile;                   // 0: no more work
 };
 
 // How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
@@ -126,19 +143,7 @@ struct Params {
   Schedule schedule;
 };
 
-// What one tile is, decoded from the plan the same way by the producer and the consumers.
-struct TileInfo {
-  int32_t batch;
-  int32_t m_block;
-  int32_t head;
-  int32_t kv_head;
-  int32_t q_start;
-  int32_t kv_start;
-  int32_t len_q;
-  int32_t len_kv;
-  IndexRange kv_blocks;     // every KV block the tile visits
-  IndexRange unmasked;      // the blocks among them that need no mask (may be empty)
-};
+
 
 template <class Traits>
 __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {

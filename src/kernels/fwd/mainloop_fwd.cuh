@@ -72,14 +72,17 @@ struct Producer {
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (int32_t round = 0;; ++round) {
       const int32_t tile = next_tile(p, round);
+      const bool has_tile = tile < total_tiles;
+      // Decoded before waiting for the consumers to free Q: the global loads overlap their work.
+      const TileInfo t = has_tile ? decode_tile(p, tile) : TileInfo{};
       if (q_uses > 0) EmptyBarrier::wait(&smem.q_empty, (q_uses - 1) & 1);
-      if (tile >= total_tiles) {
-        smem.tile = -1;
-        EmptyBarrier::arrive(&smem.q_full);  // release semantics: the consumers see tile = -1
+      // Published before the arrive on q_full (release semantics; the consumers' wait acquires).
+      smem.has_tile = has_tile;
+      if (!has_tile) {
+        EmptyBarrier::arrive(&smem.q_full);
         return;
       }
-      smem.tile = tile;
-      const TileInfo t = decode_tile(p, tile);
+      smem.tile = t;
 
       // Rows are addressed from the sequence's first token: loads past its end read the next
       // sequence (masked by the consumers, never stored) or are zero-filled past the tensor.
@@ -193,9 +196,8 @@ struct Consumer {
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (;;) {
       EmptyBarrier::wait(&smem.q_full, q_uses & 1);
-      const int32_t tile = smem.tile;
-      if (tile < 0) return;
-      const TileInfo t = decode_tile(p, tile);
+      if (!smem.has_tile) return;
+      const TileInfo t = smem.tile;
       softmax.reset();
       clear(tOrO);
 
