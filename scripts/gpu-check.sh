@@ -9,43 +9,35 @@ build="${1:-$root/build}"
 out="${OUT:-$root/gpu-logs}"
 mkdir -p "$out"
 cli="$build/jagflash"
-declare -a summary
-
-step() {  # step NAME LOGFILE COMMAND...
-  local name="$1" log="$2"; shift 2
-  local t0=$SECONDS
-  # A hung kernel must not eat the whole device lease.
-  timeout "${STEP_TIMEOUT:-300}" "$@" >"$out/$log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-34s %-5s %5ss  %s' "$name" "$([ $rc = 0 ] && echo PASS || echo FAIL)" "$((SECONDS - t0))" "$log")")
-  return $rc
-}
+limit="${STEP_TIMEOUT:-300}"
+# shellcheck source=lib/steps.sh
+source "$root/scripts/lib/steps.sh"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
 # The binaries run directly (not through ctest): a carried build's CTest files hold the build
 # machine's absolute paths.
-step "cpu tests" cpu_tests.log "$build/tests/jagflash_tests"
-step "gpu tests" gpu_tests.log "$build/tests/jagflash_gpu_tests"
+step "cpu tests" cpu_tests.log "$limit" "$build/tests/jagflash_tests"
+step "gpu tests" gpu_tests.log "$limit" "$build/tests/jagflash_gpu_tests"
 # The forward's benchmark knobs select other variants: each must be as correct as the default.
-JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-step "jagflash run" run.log "$cli" run
-step "jagflash run --causal" run_causal.log "$cli" run --causal
+JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+step "jagflash run" run.log "$limit" "$cli" run
+step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then
   for d in uniform1k gemskew pareto onegiant short; do
-    step "check $d" "check_$d.log" "$cli" check --dist "$d"
+    step "check $d" "check_$d.log" "$limit" "$cli" check --dist "$d"
   done
-  step "check gemskew causal" check_gemskew_causal.log "$cli" check --dist gemskew --causal
-  step "bench none" bench.log "$cli" bench --iters 5 --warmup 1
-  step "bench causal" bench_causal.log "$cli" bench --iters 5 --warmup 1 --causal
+  step "check gemskew causal" check_gemskew_causal.log "$limit" "$cli" check --dist gemskew --causal
+  step "bench none" bench.log "$limit" "$cli" bench --iters 5 --warmup 1
+  step "bench causal" bench_causal.log "$limit" "$cli" bench --iters 5 --warmup 1 --causal
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   # Small cases: the sanitizers slow kernels down by orders of magnitude.
   small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten'
-  step "compute-sanitizer memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
-  step "compute-sanitizer racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  step "compute-sanitizer memcheck" memcheck.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  step "compute-sanitizer racecheck" racecheck.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
 fi
 if [ "${VARIANTS:-0}" = 1 ]; then
   # Forward variants side by side (bench/NOTES.md): schedule x ping-pong, both masks.
@@ -58,7 +50,7 @@ if [ "${VARIANTS:-0}" = 1 ]; then
       done
     done
   done
-  step "variants table" variants_done.log cat "$out/variants.log"
+  step "variants table" variants_done.log "$limit" cat "$out/variants.log"
 fi
 
 echo "==== logs in $out"
@@ -66,5 +58,5 @@ for f in run.log bench.log bench_causal.log variants.log memcheck.log racecheck.
   [ -f "$out/$f" ] && { echo "---- $f"; tail -n 12 "$out/$f"; }
 done
 echo "==== summary ($(head -2 "$out/gpu.txt" | tail -1))"
-printf '%s\n' "${summary[@]}"
-! printf '%s\n' "${summary[@]}" | grep -q FAIL
+print_summary
+summary_passed

@@ -25,19 +25,8 @@ export JAGFLASH_LIBRARY="$build/libjagflash.so"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 report="$out/ddp-report.jsonl"
 rm -f "$report"
-declare -a summary
-
-step() {  # step NAME LOGFILE TIMEOUT COMMAND...
-  local name="$1" log="$2" limit="$3"; shift 3
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$log" 2>&1
-  local rc=$?
-  local state=FAIL
-  [ $rc = 0 ] && state=PASS
-  [ $rc = 124 ] && state=TIMEOUT
-  summary+=("$(printf '%-14s %-7s %4ss  %s' "$name" "$state" "$((SECONDS - t0))" "$log")")
-  return $rc
-}
+# shellcheck source=lib/steps.sh
+source "$root/scripts/lib/steps.sh"
 
 gpus="$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 # shellcheck disable=SC2086
@@ -79,5 +68,5 @@ for r in records:
     print(f"| {r['world_size']} | {name} | {result} | {detail} | {rates} |")
 EOF
 echo "==== summary"
-printf '%s\n' "${summary[@]}"
-! printf '%s\n' "${summary[@]}" | grep -qE "FAIL|TIMEOUT"
+print_summary
+summary_passed

@@ -15,17 +15,8 @@ mkdir -p "$out"
 cd "$root"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export JAGFLASH_LIBRARY="$build/libjagflash.so"
-declare -a summary
-
-step() {  # step NAME LOGFILE TIMEOUT COMMAND...
-  local name="$1" log="$2" limit="$3"; shift 3
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$log" 2>&1
-  local rc=$?
-  local state; state="$([ $rc = 0 ] && echo PASS || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })"
-  summary+=("$(printf '%-10s %-7s %4ss  %s' "$name" "$state" "$((SECONDS - t0))" "$log")")
-  return $rc
-}
+# shellcheck source=lib/steps.sh
+source "$root/scripts/lib/steps.sh"
 
 # Both steps fit one 10-minute device call: tests about 2 minutes, compare.py about 4.
 [ "${SKIP_TESTS:-0}" = 1 ] || step pytest pytest.log 240 "$python" -m pytest -rs -q -p no:cacheprovider python/tests
@@ -40,5 +31,5 @@ echo "==== logs in $out"
 [ -f "$out/pytest.log" ] && { echo "---- pytest"; grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head -20; tail -n 1 "$out/pytest.log"; }
 [ -f "$out/compare.log" ] && { echo "---- compare (TFLOP/s fwd / bwd)"; grep -E "^\||^compare.py:|^FAILED" "$out/compare.log" | tail -n 30; }
 echo "==== summary ($("$python" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>/dev/null))"
-printf '%s\n' "${summary[@]}"
-! printf '%s\n' "${summary[@]}" | grep -qE "FAIL|TIMEOUT"
+print_summary
+summary_passed

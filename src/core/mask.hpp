@@ -64,6 +64,13 @@ struct MaskPolicy {
     return {lo, hi};
   }
 
+  // Rows (or keys) of block `block` of `tile` rows in a sequence of `len`: the last block is cut short.
+  JF_HD static IndexRange block_rows(int64_t block, int tile, int64_t len) {
+    const int64_t first = block * tile;
+    const int64_t last = first + tile - 1 < len - 1 ? first + tile - 1 : len - 1;
+    return {first, last};
+  }
+
   JF_HD bool visible(int64_t i, int64_t j, int64_t lq, int64_t lk) const {
     const IndexRange r = key_range(i, lq, lk);
     return j >= r.lo && j <= r.hi;
@@ -75,10 +82,9 @@ struct MaskPolicy {
   // the count is exact, which the scheduler's costs rely on.
   JF_HD IndexRange kv_blocks_of_q_block(int64_t m_block, int tile_m, int tile_n, int64_t lq,
                                         int64_t lk) const {
-    const int64_t row_first = m_block * tile_m;
-    int64_t row_last = row_first + tile_m - 1;
-    if (row_last > lq - 1) row_last = lq - 1;
-    if (row_first > row_last || lk <= 0) return {0, -1};
+    const IndexRange rows = block_rows(m_block, tile_m, lq);
+    const int64_t row_first = rows.lo, row_last = rows.hi;
+    if (rows.empty() || lk <= 0) return {0, -1};
     // The rows' ranges are clipped separately; take the union only over rows that see a key.
     int64_t lo = -1, hi = -2;
     const IndexRange first = key_range(row_first, lq, lk);
@@ -108,12 +114,10 @@ struct MaskPolicy {
   // restrict it.
   JF_HD IndexRange unmasked_kv_blocks_of_q_block(int64_t m_block, int tile_m, int tile_n, int64_t lq,
                                                  int64_t lk) const {
-    const int64_t row_first = m_block * tile_m;
-    int64_t row_last = row_first + tile_m - 1;
-    if (row_last > lq - 1) row_last = lq - 1;
-    if (row_first > row_last || lk <= 0) return {0, -1};
-    const IndexRange first = key_range(row_first, lq, lk);
-    const IndexRange last = key_range(row_last, lq, lk);
+    const IndexRange rows = block_rows(m_block, tile_m, lq);
+    if (rows.empty() || lk <= 0) return {0, -1};
+    const IndexRange first = key_range(rows.lo, lq, lk);
+    const IndexRange last = key_range(rows.hi, lq, lk);
     if (first.empty() || last.empty()) return {0, -1};
     return {(last.lo + tile_n - 1) / tile_n, (first.hi + 1) / tile_n - 1};
   }
@@ -121,10 +125,9 @@ struct MaskPolicy {
   // Query blocks that see any key of kv block n_block: the backward's trip count.
   JF_HD IndexRange q_blocks_of_kv_block(int64_t n_block, int tile_m, int tile_n, int64_t lq,
                                         int64_t lk) const {
-    const int64_t key_first = n_block * tile_n;
-    int64_t key_last = key_first + tile_n - 1;
-    if (key_last > lk - 1) key_last = lk - 1;
-    if (key_first > key_last || lq <= 0) return {0, -1};
+    const IndexRange keys = block_rows(n_block, tile_n, lk);
+    const int64_t key_first = keys.lo, key_last = keys.hi;
+    if (keys.empty() || lq <= 0) return {0, -1};
     int64_t lo = -1, hi = -2;
     const IndexRange first = query_range(key_first, lq, lk);
     const IndexRange last = query_range(key_last, lq, lk);
