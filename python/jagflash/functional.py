@@ -61,10 +61,12 @@ def jagged_attention(
     mask, window_left, window_right = mask_args(causal, window)
     q_offsets_i32 = _offsets("q_offsets", q_offsets)
     kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
-    out, lse = ops.fwd(
-        q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-        _offsets_check.resolve(check_offsets),
-    )
+    args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
+            _offsets_check.resolve(check_offsets))
+    if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
+        out, lse = ops.EagerAttention.apply(*args)
+    else:
+        out, lse = ops.fwd(*args)
     return (out, lse) if return_lse else out
 
 

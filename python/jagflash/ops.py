@@ -84,3 +84,32 @@ def _backward(ctx, dout, _dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The same forward/backward as torch.ops.jagflash.fwd with its autograd formula, without the
+    custom-op dispatch (argument filling, redispatch: ~40% of the binding's host time per call,
+    measured with cProfile). jagged_attention takes it in plain eager mode only; anything that
+    traces (torch.compile, export, fake or meta tensors, subclasses, function modes) goes through
+    the registered op, which is what gives those their fake kernel and opcheck guarantees."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
+        scalars = (mask, window_left, window_right, scale, check_offsets)
+        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars)
+        _setup_context(ctx, (q, k, v, q_offsets, kv_offsets, *scalars), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
+        dq, dk, dv = _launch.backward(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def eager_fast_path_allowed(*tensors) -> bool:
+    """Plain tensors on a real device, no tracing and no function mode: nothing the custom op's
+    dispatch would add anything for."""
+    if torch.compiler.is_compiling() or torch.overrides._get_current_function_mode_stack():
+        return False
+    return all(type(t) is torch.Tensor and t.device.type in ("cpu", "cuda") for t in tensors)
