@@ -51,7 +51,7 @@ const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
 
 schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a, const kernels::HopperForwardEntry& e) {
   return schedule::DevicePlanLayout::make(WorkspaceLayout::forward_gpu().total_bytes, a.problem.batch_size,
-                                          a.problem.q.rows, e.tile_m);
+                                          a.problem.q.rows, a.problem.k.rows, e.tile_m, e.tile_n);
 }
 
 }  // namespace

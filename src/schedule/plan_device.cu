@@ -69,9 +69,14 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
 
 }  // namespace
 
-DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t total_q, int tile_m) {
+DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t total_q, int64_t total_kv,
+                                        int tile_m, int tile_n) {
   DevicePlanLayout l;
   l.max_pairs = total_q / tile_m + batch_size + 1;
+  // A pair's cost is at most its sequence's KV block count: fewer key bits, fewer radix passes.
+  const uint64_t max_key = static_cast<uint64_t>(total_kv / tile_n) + 2;
+  l.sort_end_bit = 1;
+  while (l.sort_end_bit < 32 && (max_key >> l.sort_end_bit) != 0) ++l.sort_end_bit;
   const size_t ints = static_cast<size_t>(l.max_pairs) * sizeof(int32_t);
   size_t cursor = align_up(base);
   auto take = [&](size_t bytes) {
@@ -91,7 +96,8 @@ DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t
   // Host-side size query only: CUB reads nothing from the (null) arrays here.
   cub::DeviceRadixSort::SortPairsDescending(nullptr, l.sort_temp_bytes, static_cast<const uint32_t*>(nullptr),
                                             static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                            static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs));
+                                            static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs), 0,
+                                            l.sort_end_bit);
   l.sort_temp = take(l.sort_temp_bytes);
   l.total_bytes = cursor;
   return l;
@@ -121,7 +127,7 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
   err = cub::DeviceRadixSort::SortPairsDescending(at<void>(workspace, l.sort_temp), temp_bytes,
                                                   at<uint32_t>(workspace, l.keys_in), at<uint32_t>(workspace, l.keys_out),
                                                   at<int32_t>(workspace, l.vals_in), at<int32_t>(workspace, l.vals_out),
-                                                  static_cast<int>(l.max_pairs), 0, 32, stream);
+                                                  static_cast<int>(l.max_pairs), 0, l.sort_end_bit, stream);
   if (err != cudaSuccess) return err;
   return reset_tile_counter(workspace, l, stream);
 }

@@ -19,10 +19,12 @@ struct DevicePlanLayout {
   size_t pair_offset = 0, num_pairs = 0, tile_counter = 0, pair_batch = 0, pair_block = 0;
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, sort_temp = 0;
   size_t sort_temp_bytes = 0;
+  int sort_end_bit = 32;  // keys (cost + 1) never exceed total_kv / tile_n + 2: sort only those bits
   size_t total_bytes = 0;
 
   // Offsets from `base` (a 256-byte aligned offset inside the workspace).
-  static DevicePlanLayout make(size_t base, int32_t batch_size, int64_t total_q, int tile_m);
+  static DevicePlanLayout make(size_t base, int32_t batch_size, int64_t total_q, int64_t total_kv, int tile_m,
+                               int tile_n);
 };
 
 struct DevicePlan {
