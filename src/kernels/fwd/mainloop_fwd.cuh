@@ -201,8 +201,7 @@ struct Consumer {
       softmax.reset();
       clear(tOrO);
 
-      // Loop peeling: the masked blocks above the mask-free bulk, the bulk, the masked blocks
-      // below it. The mask policy gives both ranges.
+      // The KV blocks the tile visits and, inside them, the bulk the mask policy proves mask-free.
       const int32_t n_lo = static_cast<int32_t>(t.kv_blocks.lo), n_hi = static_cast<int32_t>(t.kv_blocks.hi);
       int32_t bulk_lo = static_cast<int32_t>(t.unmasked.lo), bulk_hi = static_cast<int32_t>(t.unmasked.hi);
       if (bulk_lo > bulk_hi) {  // no mask-free block: everything is the masked tail
