@@ -12,13 +12,8 @@
 #   TEST_ARGS="..." goes to both test runs (e.g. "--layers 1 --batch-sequences 16").
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$(cd "${1:-$root/build}" && pwd)"
-out="${OUT:-$root/gpu-logs}"
-python="${PYTHON:-python3}"
-mkdir -p "$out"
-cd "$root" || exit 1
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-export JAGFLASH_LIBRARY="$build/libjagflash.so"
+# shellcheck source=lib/python-env.sh
+source "$root/scripts/lib/python-env.sh"
 # NVLink multicast off for NCCL, torch symmetric memory and NVSHMEM (the lent machines do not
 # support it). Exported here so torchrun's workers inherit them; the Python files set the same
 # defaults themselves, and test_train_ddp.py fails if any is not off.

@@ -8,13 +8,8 @@
 #   JAGFLASH_COMMIT=<sha> names the commit measured (the copy has no git history).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$(cd "${1:-$root/build}" && pwd)"
-out="${OUT:-$root/gpu-logs}"
-python="${PYTHON:-python3}"
-mkdir -p "$out"
-cd "$root"
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-export JAGFLASH_LIBRARY="$build/libjagflash.so"
+# shellcheck source=lib/python-env.sh
+source "$root/scripts/lib/python-env.sh"
 # shellcheck source=lib/steps.sh
 source "$root/scripts/lib/steps.sh"
 
