@@ -3,6 +3,8 @@
 # `jagflash check` on the five distributions, `jagflash run` and `jagflash bench`; logs go to
 # $OUT (or ./gpu-logs); a short table is printed last.
 #   usage: scripts/gpu-check.sh [build-dir]      (set QUICK=1 to skip check/bench)
+#   SANITIZE=1 adds compute-sanitizer; VARIANTS=1 benches schedule x ping-pong (VARIANT_SCHEDULES
+#   narrows the schedules, e.g. "dynamic").
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -42,7 +44,7 @@ fi
 if [ "${VARIANTS:-0}" = 1 ]; then
   # Forward variants side by side (bench/NOTES.md): schedule x ping-pong, both masks.
   : >"$out/variants.log"
-  for sched in dynamic zigzag grid; do
+  for sched in ${VARIANT_SCHEDULES:-dynamic zigzag grid}; do
     for pp in 1 0; do
       for mask in "" --causal; do
         JAGFLASH_FWD_SCHEDULE=$sched JAGFLASH_FWD_PINGPONG=$pp timeout 120 "$cli" bench --fwd-only --iters 10 --warmup 2 $mask \

@@ -22,8 +22,9 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 // Issues a whole warpgroup GEMM over the K blocks of its operands as one wgmma batch.
 // kARegisters: A is a register fragment (P), which must be fenced like the accumulator.
 // kWait: wait for the batch here; otherwise the caller waits with warpgroup_wait<N>() and then
-// calls warpgroup_gemm_done() before touching the accumulator.
-template <bool kZeroInit, bool kARegisters, bool kWait, class TiledMma, class TA, class TB, class TC>
+// fences the accumulator before touching it. kCommit = false leaves the commit to the caller.
+template <bool kZeroInit, bool kARegisters, bool kWait, bool kCommit = true, class TiledMma, class TA, class TB,
+          class TC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
@@ -34,7 +35,7 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
     cute::gemm(mma, a(_, _, k), b(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
-  warpgroup_commit_batch();
+  if constexpr (kCommit) warpgroup_commit_batch();
   if constexpr (kWait) {
     warpgroup_wait<0>();
     warpgroup_fence_operand(c);
@@ -135,26 +136,31 @@ struct Producer {
 // group of GEMMs and hands the turn to the other right after, so the tensor cores work for one
 // warpgroup while the other runs its softmax. Warpgroup 0 goes first. Both warpgroups issue the
 // same number of groups per tile, so the turns stay paired across tiles. A no-op without kPingPong.
+// Hardware barriers 8 and 9: 0-7 are CUTLASS's reserved ones, and the epilogue's
+// NamedBarrier ids 2 + warpgroup land on 10 and 11. Each turn is one predicated asm block, so
+// no branch sits between the GEMMs' issue and their wait (where ptxas is quick to serialize
+// every wgmma: C7514/C7518, see the wait in Consumer::run).
 template <bool kPingPong>
 struct WarpgroupTurns {
   static constexpr uint32_t kThreads = 256;  // both consumer warpgroups
-  int warpgroup;
-  __device__ explicit WarpgroupTurns(int wg) : warpgroup(wg) {
+  uint32_t warpgroup;
+  __device__ explicit WarpgroupTurns(int wg) : warpgroup(static_cast<uint32_t>(wg)) {
     if constexpr (kPingPong)
-      if (warpgroup == 1) cutlass::arch::NamedBarrier::arrive(kThreads, /*barrier_id=*/0);
+      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 1;\n @p bar.arrive 8, %1;\n}\n" ::"r"(warpgroup),
+                   "n"(kThreads) : "memory");
   }
-  // Barrier ids as immediates: a register id made ptxas move the accumulators to local memory.
+  // Warpgroup 0 waits on barrier 8, warpgroup 1 on 9.
   __device__ void wait_turn() const {
-    if constexpr (kPingPong) {
-      if (warpgroup == 0) cutlass::arch::NamedBarrier::sync(kThreads, 0);
-      else cutlass::arch::NamedBarrier::sync(kThreads, 1);
-    }
+    if constexpr (kPingPong)
+      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.sync 8, %1;\n @!p bar.sync 9, %1;\n}\n" ::"r"(
+                       warpgroup),
+                   "n"(kThreads) : "memory");
   }
   __device__ void pass_turn() const {
-    if constexpr (kPingPong) {
-      if (warpgroup == 0) cutlass::arch::NamedBarrier::arrive(kThreads, 1);
-      else cutlass::arch::NamedBarrier::arrive(kThreads, 0);
-    }
+    if constexpr (kPingPong)
+      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.arrive 9, %1;\n @!p bar.arrive 8, %1;\n}\n" ::"r"(
+                       warpgroup),
+                   "n"(kThreads) : "memory");
   }
 };
 
@@ -225,10 +231,14 @@ struct Consumer {
         turns.wait_turn();
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
         if (!first)
-          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false, /*kCommit=*/false>(
+              mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        // Committed on every block (an empty group on the first), so that one wait<1> finds S
+        // done everywhere: a wait<0>/wait<1> choice made ptxas serialize every wgmma of the
+        // ping-pong kernel (C7518, a divergent compiler-inserted wait).
+        warpgroup_commit_batch();
         turns.pass_turn();
-        if (first) warpgroup_wait<0>();
-        else warpgroup_wait<1>();  // S is ready; O += P V may still run
+        warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);

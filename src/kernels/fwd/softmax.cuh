@@ -42,6 +42,16 @@ struct AccumulatorCoords {
   __host__ __device__ int col(int c) const { return col_base + col_offset(c); }
 };
 
+// 2^x by the special-function unit alone. exp2f keeps denormal results, which costs a compare
+// and two predicated multiplies around every MUFU.EX2 (seen in the SASS: 3 extra instructions per
+// probability, about a third of the softmax); a probability below 2^-126 is worth nothing next
+// to the row's maximum, whose own probability is 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];  // raw scores (unscaled)
@@ -70,25 +80,33 @@ struct OnlineSoftmax {
   template <class TensorS>
   __device__ void update(TensorS& s, float scale_log2, float (&correction)[kRows]) {
     static_assert(decltype(size<0>(s))::value == kRows, "row count mismatch");
+    static_assert(decltype(size<1>(s))::value % 2 == 0, "columns come in pairs");
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+      // Two independent chains halve the dependent FMNMX latency of the row maximum.
+      float m0 = row_max[r], m1 = row_max[r];
 #pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_max(m);
+      for (int c = 0; c < size<1>(s); c += 2) {
+        m0 = fmaxf(m0, s(r, c));
+        m1 = fmaxf(m1, s(r, c + 1));
+      }
+      const float m = quad_max(fmaxf(m0, m1));
       // A row that has seen no key yet keeps -inf; exponents are taken against 0 then, so every
       // p is exp2(-inf) = 0 instead of NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      correction[r] = exp2f(row_max[r] * scale_log2 - m_scaled);
+      correction[r] = exp2_ftz(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
-      float sum = 0.f;
+      float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) {
-        const float p = exp2f(fmaf(s(r, c), scale_log2, -m_scaled));
-        s(r, c) = p;
-        sum += p;
+      for (int c = 0; c < size<1>(s); c += 2) {
+        const float p0 = exp2_ftz(fmaf(s(r, c), scale_log2, -m_scaled));
+        const float p1 = exp2_ftz(fmaf(s(r, c + 1), scale_log2, -m_scaled));
+        s(r, c) = p0;
+        s(r, c + 1) = p1;
+        sum0 += p0;
+        sum1 += p1;
       }
-      row_sum[r] = row_sum[r] * correction[r] + sum;
+      row_sum[r] = row_sum[r] * correction[r] + (sum0 + sum1);
     }
   }
 
