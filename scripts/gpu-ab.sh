@@ -4,6 +4,8 @@
 # throttle reasons sampled while they run. Prints one table (fwd TFLOP/s per case) last; the raw
 # bench output and the clock log go to $OUT/ab.log and $OUT/clocks.csv.
 #   usage: scripts/gpu-ab.sh BUILD_A BUILD_B ["bench args" ...]
+#   A build may carry its own environment, VAR=value[,VAR=value]@DIR: the same build with and
+#   without a knob is then an A/B pair (e.g. build JAGFLASH_FWD_BLOCK_N=64@build).
 #   Each extra argument is one bench configuration, run for both builds, e.g.
 #     scripts/gpu-ab.sh build-base build "" "--causal" "--head-dim 64"
 #   A configuration may start with VAR=value words (environment for that run, e.g.
@@ -26,6 +28,10 @@ sampler=$!
 
 run_one() {  # label build config
   local label="$1" build="$2" config="$3" envs=() args=()
+  if [[ "$build" == *@* ]]; then
+    IFS=',' read -r -a envs <<<"${build%@*}"
+    build="${build#*@}"
+  fi
   for w in $config; do
     if [[ "$w" == *=* && ${#args[@]} -eq 0 ]]; then envs+=("$w"); else args+=("$w"); fi
   done

@@ -24,6 +24,9 @@ step "gpu tests" gpu_tests.log "$limit" "$build/tests/jagflash_gpu_tests"
 JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_BLOCK_N=64 step "hopper tests, 64-key blocks" hopper_block_n64.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_WARPGROUPS=3 step "hopper tests, 3 warpgroups" hopper_wg3.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_WARPGROUPS=2 step "hopper tests, 2 warpgroups" hopper_wg2.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 step "jagflash run" run.log "$limit" "$cli" run
 step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then

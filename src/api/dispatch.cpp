@@ -4,6 +4,7 @@
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
 #include "core/dtype.hpp"
+#include "kernels/fwd/variants.hpp"
 #include "kernels/hopper_forward.hpp"
 #include "oracle/oracle.hpp"
 #include "reference/reference.hpp"
@@ -49,9 +50,11 @@ const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
   return device_ok ? e : nullptr;
 }
 
-schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a, const kernels::HopperForwardEntry& e) {
+// The plan is built for the tile shape of the variant the launcher will choose for this call.
+schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
+  const kernels::fwd::ForwardVariant v = kernels::fwd::choose_forward_variant(a);
   return schedule::DevicePlanLayout::make(WorkspaceLayout::forward_gpu().total_bytes, a.problem.batch_size,
-                                          a.problem.q.rows, a.problem.k.rows, e.tile_m, e.tile_n);
+                                          a.problem.q.rows, a.problem.k.rows, v.block_m(), v.block_n);
 }
 
 }  // namespace
@@ -59,7 +62,7 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a, const kernel
 size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
   if (a.problem.device != JF_DEVICE_CUDA) return 0;
-  if (const kernels::HopperForwardEntry* e = hopper_forward_for(a)) return hopper_plan_layout(a, *e).total_bytes;
+  if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
   return WorkspaceLayout::forward_gpu().total_bytes;
 }
 
@@ -85,7 +88,7 @@ void run_forward(const jf_fwd_args& a) {
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
                                              flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
-    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, hopper_plan_layout(a, *hopper),
+    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, hopper_plan_layout(a),
                                               /*build_plan=*/a.launch.reuse_plan == 0};
     JF_CUDA_CHECK(hopper->run(a, launch, stream));
     return;

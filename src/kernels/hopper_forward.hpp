@@ -22,11 +22,11 @@ struct HopperForwardLaunch {
 
 using HopperForwardFn = cudaError_t (*)(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t);
 
+// The tile shape a call runs with (and its plan is built for) comes from
+// fwd::choose_forward_variant (kernels/fwd/variants.hpp).
 struct HopperForwardEntry {
   jf_dtype dtype;
   int head_dim;
-  int tile_m;
-  int tile_n;
   HopperForwardFn run;
 };
 

@@ -25,11 +25,17 @@ __device__ __forceinline__ uint32_t pack2(cutlass::half_t, float a, float b) {
 // O goes registers -> shared memory (one 32-bit store per column pair) -> global memory in
 // 16-byte row chunks, so the global stores are full-width and coalesced whatever the
 // accumulator layout, and a row past the sequence's end is simply skipped.
+// Every address here derives from the thread index, read afresh (an asm volatile the compiler
+// cannot hoist): otherwise it computes them once before the persistent loop and keeps them live
+// across the main loop, which spilled with three consumer warpgroups.
 template <class Traits, class TensorO, class Softmax>
 __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorage<Traits>& smem, const TileInfo& t,
-                                           TensorO& o_rc, const AccumulatorCoords& coords, Softmax& softmax,
-                                           int thread) {
+                                           TensorO& o_rc, Softmax& softmax) {
   using Element = typename Traits::Element;
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int thread = static_cast<int>(tid) - 128;  // consumer threads follow the producer warpgroup
+  const AccumulatorCoords coords(thread);
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   constexpr int kWgRows = Traits::kRowsPerWarpgroup;
   constexpr int kStride = Traits::kOSmemStride;

@@ -8,8 +8,6 @@
 
 namespace jagflash::kernels::fwd {
 
-enum class WarpGroupRole { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
-
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     forward_kernel(const __grid_constant__ Params<KernelTraits<Config>> p) {
@@ -24,7 +22,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (*p.error_flag) return;  // offsets failed the device check: write nothing
 
   const int warp = threadIdx.x / 32;
-  const auto role = static_cast<WarpGroupRole>(warp / 4);
+  const bool producer = warp / 4 == 0;  // warpgroup 0 produces, the others consume
   if (threadIdx.x == 0) {
     constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
     FullBarrier::init(&smem.q_full, 1);
@@ -39,7 +37,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
   __syncthreads();
 
-  if (role == WarpGroupRole::kProducer) {
+  if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (threadIdx.x == 0) {
       cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());

@@ -5,8 +5,6 @@
 #include "kernels/hopper_forward.hpp"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace jagflash::kernels::fwd {
 
@@ -31,31 +29,11 @@ auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
                                  make_stride(src.row_stride, _1{}, head_stride)));
 }
 
-// Benchmark knobs read from the environment once: JAGFLASH_FWD_SCHEDULE = dynamic (default) |
-// zigzag | grid, JAGFLASH_FWD_PINGPONG = 0 (default) | 1. They select among measured variants
-// (bench/NOTES.md: dynamic LPT beat zigzag and the plain grid; ping-pong lost ~20% on top of
-// the intra-warpgroup overlap); every variant is correct and tested.
-struct ForwardKnobs {
-  Schedule schedule = Schedule::kDynamic;
-  bool ping_pong = false;
-  static const ForwardKnobs& get() {
-    static const ForwardKnobs knobs = [] {
-      ForwardKnobs k;
-      if (const char* s = std::getenv("JAGFLASH_FWD_SCHEDULE")) {
-        if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
-        if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
-      }
-      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0;
-      return k;
-    }();
-    return knobs;
-  }
-};
-
-template <class Element, int kHeadDim, bool kPingPong>
+template <class Config>
 cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,
                                 cudaStream_t stream) {
-  using Config = TileConfig<Element, kHeadDim, kPingPong>;
+  using Element = typename Config::Element;
+  constexpr int kHeadDim = Config::kHeadDim;
   using Traits = KernelTraits<Config>;
   const jf_problem& pb = a.problem;
   if (pb.q.rows == 0) return cudaSuccess;
@@ -105,11 +83,18 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   return cudaGetLastError();
 }
 
+// The instantiations per (dtype, head dim): D = 128 with 128- or 64-key blocks, ping-pong or
+// not; D = 64 with two (ping-pong or not) or three consumer warpgroups.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  const ForwardKnobs& knobs = ForwardKnobs::get();
-  return knobs.ping_pong ? run_forward_variant<Element, kHeadDim, true>(a, launch, knobs.schedule, stream)
-                         : run_forward_variant<Element, kHeadDim, false>(a, launch, knobs.schedule, stream);
+  const ForwardVariant v = choose_forward_variant(a);
+  if constexpr (kHeadDim == 128) {
+    if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, false, 64>>(a, launch, v.schedule, stream);
+  } else {
+    if (v.warpgroups == 3) return run_forward_variant<TileConfig<Element, 64, false, 128, 3>>(a, launch, v.schedule, stream);
+  }
+  return v.ping_pong ? run_forward_variant<TileConfig<Element, kHeadDim, true>>(a, launch, v.schedule, stream)
+                     : run_forward_variant<TileConfig<Element, kHeadDim, false>>(a, launch, v.schedule, stream);
 }
 
 }  // namespace jagflash::kernels::fwd

@@ -4,6 +4,7 @@
 
 #include "core/mask.hpp"
 #include "kernels/fwd/tile_config.hpp"
+#include "kernels/fwd/variants.hpp"
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -100,17 +101,13 @@ struct SharedStorage {
   uint64_t k_empty[Traits::kStages];
   uint64_t v_full[Traits::kStages];
   uint64_t v_empty[Traits::kStages];
-  // The current tile, decoded by the producer (its plan and offset reads are global loads with
-  // a dependent chain; done once, ahead of time, instead of by every consumer at every tile).
-  TileInfo tile;
-  int32_t has_tile;                   // 0: no more work
-};
-
-// How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
-enum class Schedule : int32_t {
-  kDynamic = 0,  // persistent; next tile of the longest-first plan through an atomic counter
-  kZigzag = 1,   // persistent; static snake over the longest-first plan (round r: SM c or N-1-c)
-  kGrid = 2      // one CTA per tile in (batch, block, head) order, no sorting: the plain grid
+  // The tiles, decoded by the producer (its plan and offset reads are global loads with a
+  // dependent chain; done once, ahead of time, instead of by every consumer at every tile).
+  // Two slots, by tile parity: the producer fills the next tile's slot while the consumers'
+  // epilogue still reads the current one, so the consumers need not keep the tile in registers
+  // across the main loop (with three consumer warpgroups that spilled).
+  TileInfo tile[2];
+  int32_t has_tile[2];                // 0: no more work
 };
 
 // Device parameters: plain values, built once on the host by the launcher.

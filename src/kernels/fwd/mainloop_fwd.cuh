@@ -78,12 +78,13 @@ struct Producer {
       const TileInfo t = has_tile ? decode_tile(p, tile) : TileInfo{};
       if (q_uses > 0) EmptyBarrier::wait(&smem.q_empty, (q_uses - 1) & 1);
       // Published before the arrive on q_full (release semantics; the consumers' wait acquires).
-      smem.has_tile = has_tile;
+      const uint32_t slot = q_uses & 1;
+      smem.has_tile[slot] = has_tile;
       if (!has_tile) {
         EmptyBarrier::arrive(&smem.q_full);
         return;
       }
-      smem.tile = t;
+      smem.tile[slot] = t;
 
       // Rows are addressed from the sequence's first token: loads past its end read the next
       // sequence (masked by the consumers, never stored) or are zero-filled past the tensor.
@@ -202,8 +203,9 @@ struct Consumer {
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (;;) {
       EmptyBarrier::wait(&smem.q_full, q_uses & 1);
-      if (!smem.has_tile) return;
-      const TileInfo t = smem.tile;
+      const uint32_t slot = q_uses & 1;
+      if (!smem.has_tile[slot]) return;
+      const TileInfo t = smem.tile[slot];
       softmax.reset();
       clear(tOrO);
 
@@ -286,7 +288,9 @@ struct Consumer {
 
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.q_empty);  // the last S GEMM has read Q
-      store_tile<Traits>(p, smem, t, o_rc, coords, softmax, thread);
+      // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
+      // nothing of it stays live in registers across the loop.
+      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);
       ++q_uses;
     }
   }

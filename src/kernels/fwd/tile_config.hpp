@@ -6,32 +6,47 @@
 
 namespace jagflash::kernels::fwd {
 
-// kBlockM = 128 query rows per tile: two consumer warpgroups of 64 rows each (the M of one
-//   wgmma), sharing every K/V stage, so each loaded key block feeds 128 rows.
-// kBlockN = 128 keys per block: S (64 x 128 fp32) and O (64 x D fp32) fit in the 240 registers
-//   a consumer thread gets after setmaxnreg, with room for P in bf16.
-// kStages K/V stages: at D = 128, Q (32 KB) + 2 x (K 32 KB + V 32 KB) + the O staging tile
-//   (34 KB) = 194 KB of the 227 KB a CTA may use, so 2; at D = 64 everything halves and a third
-//   stage fits (113 KB), which gives the producer a block more of lead.
+// kConsumerWarpgroups x 64 query rows per tile (kBlockM): each consumer warpgroup owns 64 rows
+//   (the M of one wgmma) and every K/V stage feeds all of them. Two at D = 128; three at D = 64
+//   are an option, where the GEMMs of one block are half as long and the softmax (as long as at
+//   D = 128) needs more GEMM time from the other warpgroups to hide behind.
+// kBlockN keys per block: 128 by default (S 64 x 128 fp32 and O 64 x D fp32 fit the consumer
+//   registers with P in bf16); 64 wastes less of short sequences' last block.
+// kStages K/V stages: as many as fit (up to 4) next to Q and the O staging tile in the 227 KB a
+//   CTA may use: 2 at D = 128 with 128-key blocks.
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
-// one's softmax runs while the other's GEMMs use the tensor cores.
-template <class Element_, int kHeadDim_, bool kPingPong_ = true>
+//   one's softmax runs while the other's GEMMs use the tensor cores.
+template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = kHeadDim_ == 64 ? 3 : 2;
-  static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kRowsPerWarpgroup = kBlockM / kConsumerWarpgroups;
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static constexpr int kRowsPerWarpgroup = 64;
+  static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // producer warpgroup + consumers
-  // Registers after setmaxnreg: 56 x 128 + 224 x 256 <= 64K per SM. The producer decodes the
-  // next tile while it waits for Q to free, and spilled at 24 and 40; the consumers fit in 224
-  // at D = 128 without spills.
-  static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = 224;
+
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kOStagingBytes = kBlockM * (kHeadDim + 16 / int(sizeof(Element))) * int(sizeof(Element));
+  static constexpr int kStageBytes = 2 * kBlockN * kHeadDim * int(sizeof(Element));  // K and V
+  static constexpr int kFitStages = (kSmemLimit - kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
+
+  // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.
+  // With two consumer warpgroups the producer keeps 56 (it decodes the next tile while it waits
+  // for Q to free, and spilled at 24 and 40) and the consumers get 224; with three, 32 and 160.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 56 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 224 : 160;
+
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper forward serves head dims 64 and 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "key blocks of 64 or 128");
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
+  static_assert(!kPingPong || kConsumerWarpgroups == 2, "ping-pong takes turns between two warpgroups");
+  static_assert(kStages >= 2, "at least two K/V stages");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 65536,
+                "register file");
 };
 
 }  // namespace jagflash::kernels::fwd

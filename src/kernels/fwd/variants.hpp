@@ -1,0 +1,79 @@
+// Which instantiation of the Hopper forward serves a call: host-only, shared by the launcher
+// and the dispatcher (which sizes the workspace's plan for the same tile shape).
+#pragma once
+
+#include <jagflash/jagflash.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace jagflash::kernels::fwd {
+
+// How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
+enum class Schedule : int32_t {
+  kDynamic = 0,  // persistent; next tile of the longest-first plan through an atomic counter
+  kZigzag = 1,   // persistent; static snake over the longest-first plan (round r: SM c or N-1-c)
+  kGrid = 2      // one CTA per tile in (batch, block, head) order, no sorting: the plain grid
+};
+
+struct ForwardVariant {
+  int block_n = 128;
+  int warpgroups = 2;  // consumer warpgroups; the tile has 64 x warpgroups query rows
+  bool ping_pong = false;
+  Schedule schedule = Schedule::kDynamic;
+  int block_m() const { return 64 * warpgroups; }
+};
+
+// Benchmark knobs, read from the environment once; each forces one choice and every
+// combination is tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements behind the
+// defaults.
+//   JAGFLASH_FWD_SCHEDULE   = dynamic | zigzag | grid
+//   JAGFLASH_FWD_PINGPONG   = 0 | 1          (two consumer warpgroups only)
+//   JAGFLASH_FWD_BLOCK_N    = 64 | 128       (head dim 128 only)
+//   JAGFLASH_FWD_WARPGROUPS = 2 | 3          (head dim 64 only)
+struct ForwardKnobs {
+  Schedule schedule = Schedule::kDynamic;
+  int ping_pong = -1;   // -1: not forced
+  int block_n = 0;      // 0: not forced
+  int warpgroups = 0;   // 0: not forced
+
+  static const ForwardKnobs& get() {
+    static const ForwardKnobs knobs = [] {
+      ForwardKnobs k;
+      if (const char* s = std::getenv("JAGFLASH_FWD_SCHEDULE")) {
+        if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
+        if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
+      }
+      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
+      if (const char* s = std::getenv("JAGFLASH_FWD_BLOCK_N")) k.block_n = std::atoi(s) == 64 ? 64 : 128;
+      if (const char* s = std::getenv("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
+      return k;
+    }();
+    return knobs;
+  }
+};
+
+// The default choice, then the knobs. Depends only on the call's shapes and mask (never on
+// offsets values, which live on the device), so calls that reuse a plan get the same variant.
+// Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, session 7):
+//  - D = 64, no mask, mean query length >= 160: three consumer warpgroups (192-row tiles).
+//    Measured +5% to +14% on gemskew, pareto and onegiant, but -2% on uniform1k (1024 is not a
+//    multiple of 192) and -7% on short (tiles mostly empty); causal lost on all but onegiant.
+//    The mean is all the host knows of the lengths without a sync.
+//  - everything else: two warpgroups, 128-key blocks, no ping-pong (64-key blocks won only on
+//    short, +10%, and lost 4-19% elsewhere, pareto included, whose mean length equals short's).
+inline ForwardVariant choose_forward_variant(const jf_fwd_args& a) {
+  const ForwardKnobs& k = ForwardKnobs::get();
+  ForwardVariant v;
+  v.schedule = k.schedule;
+  const jf_problem& pb = a.problem;
+  const int64_t mean_q = pb.batch_size > 0 ? pb.q.rows / pb.batch_size : 0;
+  if (pb.q.head_dim == 64 && pb.mask == JF_MASK_NONE && mean_q >= 160) v.warpgroups = 3;
+  if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
+  if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
+  if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
+  return v;
+}
+
+}  // namespace jagflash::kernels::fwd

@@ -1,0 +1,77 @@
+// GPU test of the forward's device-built plan: for each batch and mask, the plan the kernels
+// read (pairs sorted longest first, through vals_out) must list exactly the host scheduler's
+// tiles in the host's longest-first order, with the same costs.
+#include "gen/distributions.hpp"
+#include "schedule/plan.hpp"
+#include "schedule/plan_device.hpp"
+#include "testing/device_buffer.hpp"
+#include "testing/host_batch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace jagflash {
+namespace {
+
+using testing::DeviceBuffer;
+
+void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv,
+                                     const MaskPolicy& mask, const std::string& what) {
+  SCOPED_TRACE(what);
+  const std::vector<int32_t> q_off = test::offsets_from_lengths(len_q), kv_off = test::offsets_from_lengths(len_kv);
+  const auto batch = static_cast<int32_t>(len_q.size());
+  constexpr int kTileM = 128, kTileN = 128;
+  const schedule::DevicePlanLayout layout =
+      schedule::DevicePlanLayout::make(0, batch, q_off.back(), kv_off.back(), kTileM, kTileN);
+  DeviceBuffer d_q = DeviceBuffer::from_host(q_off), d_kv = DeviceBuffer::from_host(kv_off);
+  DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{0});
+  DeviceBuffer workspace(layout.total_bytes);
+  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, mask, kTileM,
+                                                      kTileN, flag.as<int32_t>(), workspace.get(), layout, nullptr));
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  std::vector<char> ws(layout.total_bytes);
+  workspace.to_host(ws.data());
+  auto array = [&](size_t offset) { return reinterpret_cast<const int32_t*>(ws.data() + offset); };
+  const int32_t num_pairs = *array(layout.num_pairs);
+
+  std::vector<schedule::Tile> tiles = schedule::build_tiles(q_off.data(), kv_off.data(), batch, /*num_heads=*/1,
+                                                            mask, {kTileM, kTileN}, schedule::Direction::kForward);
+  schedule::sort_longest_first(tiles);
+  ASSERT_EQ(static_cast<size_t>(num_pairs), tiles.size());
+  ASSERT_LE(num_pairs, layout.max_pairs);
+  const int32_t* sorted = array(layout.vals_out);
+  const auto* keys = reinterpret_cast<const uint32_t*>(array(layout.keys_out));
+  for (int32_t i = 0; i < num_pairs; ++i) {
+    const int32_t pair = sorted[i];
+    ASSERT_GE(pair, 0);
+    ASSERT_LT(pair, num_pairs);
+    ASSERT_EQ(array(layout.pair_batch)[pair], tiles[i].batch) << "position " << i;
+    ASSERT_EQ(array(layout.pair_block)[pair], tiles[i].block) << "position " << i;
+    ASSERT_EQ(keys[i], static_cast<uint32_t>(tiles[i].cost) + 1u) << "position " << i;
+  }
+}
+
+MaskPolicy window(int32_t left, int32_t right) { return MaskPolicy::from(JF_MASK_WINDOW, left, right); }
+
+TEST(GpuDevicePlan, MatchesTheHostSchedulerInOrderAndCost) {
+  const std::vector<MaskPolicy> masks = {MaskPolicy::from(JF_MASK_NONE, -1, -1),
+                                         MaskPolicy::from(JF_MASK_CAUSAL, -1, -1), window(200, 0), window(64, 300)};
+  const std::vector<std::string> mask_names = {"none", "causal", "window(200,0)", "window(64,300)"};
+  for (size_t m = 0; m < masks.size(); ++m) {
+    for (const std::string& name : gen::distribution_names()) {
+      const std::vector<int32_t> lengths = gen::generate_lengths(name, gen::kDefaultSeed);
+      expect_device_plan_matches_host(lengths, lengths, masks[m], name + " " + mask_names[m]);
+    }
+    // Empty and one-row sequences, block edges, a long sequence among short ones, q != kv.
+    const std::vector<int32_t> awkward_q = {0, 1, 63, 64, 65, 127, 128, 129, 0, 0, 300, 16384, 7, 0, 257};
+    const std::vector<int32_t> awkward_kv = {5, 0, 64, 200, 1, 127, 300, 129, 0, 9, 17, 16000, 1000, 3, 0};
+    expect_device_plan_matches_host(awkward_q, awkward_q, masks[m], "awkward self " + mask_names[m]);
+    expect_device_plan_matches_host(awkward_q, awkward_kv, masks[m], "awkward q != kv " + mask_names[m]);
+    expect_device_plan_matches_host({0, 0, 0}, {0, 4, 0}, masks[m], "no q rows " + mask_names[m]);
+  }
+}
+
+}  // namespace
+}  // namespace jagflash
