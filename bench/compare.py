@@ -56,13 +56,16 @@ def parse_args():
                    help="forward calls queued back to back per timed sample (1: one call between two events)")
     p.add_argument("--budget-s", type=float, default=1.0, help="stop timing a measurement after this long")
     p.add_argument("--no-compile-flex", action="store_true", help="eager FlexAttention (CPU smoke runs)")
-    p.add_argument("--commit", default=None, help="commit measured (default: git, else $JAGFLASH_COMMIT)")
+    p.add_argument("--commit", default=None, help="commit measured (default: $JAGFLASH_COMMIT, else git)")
     p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/compare.json; run nothing")
     p.add_argument("--update-results", action="store_true", help="append the section to bench/RESULTS.md")
     return p.parse_args()
 
 
 def commit_of_checkout():
+    # Set by the GPU scripts: the device machine's copy of the tree may carry a stale .git.
+    if os.environ.get("JAGFLASH_COMMIT"):
+        return os.environ["JAGFLASH_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
                              check=True).stdout.strip()

@@ -70,7 +70,7 @@ def markdown(meta, rows, png_name):
         f"(shared/bench/distributions.md, seed {meta['seed']}{meta['scale_note']}); TFLOP/s of useful work, forward / backward "
         f"(forward 4·H·D·visible pairs, backward 2.5×), median of up to {meta['iters']} timed runs "
         f"({meta['timer']}; a forward run is {meta.get('fwd_calls', 1)} call(s) queued back to back, "
-        "per call) after warm-up, capped at {meta['budget_s']} s per measurement; all in one "
+        f"per call) after warm-up, capped at {meta['budget_s']} s per measurement; all in one "
         "process on the same inputs. FlexAttention runs compiled, on copies padded to one common "
         "length (so it compiles once per head dim and mask) with a document block mask that lists "
         "no padding block. Backward: jagflash, varlen_attn and FlexAttention through autograd, FA2 "
