@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what a fresh build machine lacks: CUTLASS headers (pinned in deps.env) under .deps/,
-# and GoogleTest from Debian when it is missing. Idempotent; run from anywhere.
+# Installs what a fresh build machine lacks: CUTLASS headers, cuobjdump and nvdisasm (pinned in deps.env)
+# under .deps/, and GoogleTest from Debian when it is missing. Idempotent; run from anywhere.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -26,6 +26,27 @@ PY
   rm -rf "$tmp"
 fi
 
+binutils_dir="$root/.deps/cuda-binutils-$CUDA_BINUTILS_PIP_VERSION"
+if [ ! -x "$binutils_dir/bin/cuobjdump" ] || [ ! -x "$binutils_dir/bin/nvdisasm" ]; then
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --dest "$tmp" "nvidia-cuda-cuobjdump==$CUDA_BINUTILS_PIP_VERSION" \
+    "nvidia-cuda-nvdisasm==$CUDA_BINUTILS_PIP_VERSION"
+  python3 - "$tmp" "$binutils_dir" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(dest, "bin"), exist_ok=True)
+for tool in ("cuobjdump", "nvdisasm"):
+    wheel = glob.glob(os.path.join(tmp, f"nvidia_cuda_{tool}-*.whl"))[0]
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith("/bin/" + tool))
+        out = os.path.join(dest, "bin", tool)
+        with z.open(name) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.chmod(out, 0o755)
+PY
+  rm -rf "$tmp"
+fi
+
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   if command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -36,4 +57,4 @@ if [ ! -f /usr/include/gtest/gtest.h ]; then
 fi
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || {
   echo "setup: nvcc (CUDA 13) not found; install the CUDA toolkit" >&2; exit 1; }
-echo "setup: CUTLASS $CUTLASS_PIP_VERSION headers in $cutlass_dir"
+echo "setup: CUTLASS $CUTLASS_PIP_VERSION headers in $cutlass_dir, cuobjdump/nvdisasm $CUDA_BINUTILS_PIP_VERSION in $binutils_dir"
