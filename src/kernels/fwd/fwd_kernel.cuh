@@ -25,8 +25,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const bool producer = warp / 4 == 0;  // warpgroup 0 produces, the others consume
   if (threadIdx.x == 0) {
     constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
-    FullBarrier::init(&smem.q_full, 1);
-    EmptyBarrier::init(&smem.q_empty, kConsumerWarps);
+    for (int b = 0; b < 2; ++b) {
+      FullBarrier::init(&smem.q_full[b], 1);
+      EmptyBarrier::init(&smem.q_empty[b], kConsumerWarps);
+    }
     for (int s = 0; s < Config::kStages; ++s) {
       FullBarrier::init(&smem.k_full[s], 1);
       EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);

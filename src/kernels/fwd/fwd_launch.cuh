@@ -73,6 +73,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.schedule = schedule;
 
   constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
+  static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
   err = cudaFuncSetAttribute(forward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   // Persistent: one CTA per SM, fewer when the batch has fewer tiles (an upper bound on the

@@ -36,7 +36,8 @@ struct KernelTraits {
   // Q, K, V tiles in shared memory: head dim contiguous, 128-byte swizzle (the wgmma-native
   // layout, bank-conflict free for both the TMA writes and the tensor-core reads).
   using SmemAtom = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));  // one buffer (the TMA box)
+  using SmemLayoutQBuffers = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim, Int<Config::kQBuffers>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim, Int<kStages>>{}));
   using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim>{}));
   // V read as the B operand of O = P V, i.e. as (head dim, keys): the same bytes, transposed view.
@@ -88,13 +89,16 @@ struct TileInfo {
 
 template <class Traits>
 struct SharedStorage {
-  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
+  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQBuffers>, 1024> q;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> k;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
   // O of the tile on its way out (epilogue), [kBlockM][kOSmemStride].
   cute::array_aligned<typename Traits::Element, Traits::kBlockM * Traits::kOSmemStride, 128> o;
-  uint64_t q_full;                    // producer -> consumers: Q of the current tile landed
-  uint64_t q_empty;                   // consumers -> producer: Q may be overwritten
+  // Q is double-buffered by tile parity: the producer loads the next tile's Q while the
+  // consumers still work on the current one, so a tile starts without waiting for its Q and the
+  // two warpgroups may drift apart across tile boundaries.
+  uint64_t q_full[2];                 // producer -> consumers: Q of the tile landed
+  uint64_t q_empty[2];                // consumers -> producer: Q may be overwritten
   // K and V have their own barriers: a K stage frees as soon as S = Q K^T is done, so the next
   // K load starts while the consumers still run the softmax and O += P V of the block.
   uint64_t k_full[Traits::kStages];
@@ -103,11 +107,11 @@ struct SharedStorage {
   uint64_t v_empty[Traits::kStages];
   // The tiles, decoded by the producer (its plan and offset reads are global loads with a
   // dependent chain; done once, ahead of time, instead of by every consumer at every tile).
-  // Two slots, by tile parity: the producer fills the next tile's slot while the consumers'
-  // epilogue still reads the current one, so the consumers need not keep the tile in registers
-  // across the main loop (with three consumer warpgroups that spilled).
-  TileInfo tile[2];
-  int32_t has_tile[2];                // 0: no more work
+  // Four slots, by tile index mod 4: the producer runs up to two tiles ahead (two Q buffers)
+  // while the consumers' epilogue still reads the current slot, so the consumers need not keep
+  // the tile in registers across the main loop (with three consumer warpgroups that spilled).
+  TileInfo tile[4];
+  int32_t has_tile[4];                // 0: no more work
 };
 
 // Device parameters: plain values, built once on the host by the launcher.

@@ -65,7 +65,7 @@ struct Producer {
     Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.total_q, HeadDim{}, p.num_heads));
     Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
     Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQBuffers{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
 
@@ -76,12 +76,13 @@ struct Producer {
       const bool has_tile = tile < total_tiles;
       // Decoded before waiting for the consumers to free Q: the global loads overlap their work.
       const TileInfo t = has_tile ? decode_tile(p, tile) : TileInfo{};
-      if (q_uses > 0) EmptyBarrier::wait(&smem.q_empty, (q_uses - 1) & 1);
+      // Q buffer by tile parity (its previous user is two tiles back), tile info by index mod 4.
+      const uint32_t q_buf = q_uses & 1, slot = q_uses & 3;
+      if (q_uses >= 2) EmptyBarrier::wait(&smem.q_empty[q_buf], ((q_uses >> 1) - 1) & 1);
       // Published before the arrive on q_full (release semantics; the consumers' wait acquires).
-      const uint32_t slot = q_uses & 1;
       smem.has_tile[slot] = has_tile;
       if (!has_tile) {
-        EmptyBarrier::arrive(&smem.q_full);
+        EmptyBarrier::arrive(&smem.q_full[q_buf]);
         return;
       }
       smem.tile[slot] = t;
@@ -91,8 +92,8 @@ struct Producer {
       Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, t.head)), Shape<BlockM, HeadDim>{},
                              make_coord(t.m_block, _0{}));
       auto [tQg, tQs] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      FullBarrier::arrive_and_expect_tx(&smem.q_full, Traits::kQBytes);
-      copy(p.tma_q.with(smem.q_full), tQg, tQs);
+      FullBarrier::arrive_and_expect_tx(&smem.q_full[q_buf], Traits::kQBytes);
+      copy(p.tma_q.with(smem.q_full[q_buf]), tQg, tQs(_, q_buf));
 
       Tensor gK = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mK(_, _, t.kv_head)),
                              Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));
@@ -179,10 +180,10 @@ struct Consumer {
     auto thr_qk = mma_qk.get_thread_slice(thread);
     auto thr_pv = mma_pv.get_thread_slice(thread);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQBuffers{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // smem descriptors
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // smem descriptors (MMA, M, K, buffer)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, D, keys, stage)
 
@@ -202,8 +203,8 @@ struct Consumer {
     const WarpgroupTurns<Traits::kPingPong> turns(thread / 128);
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (;;) {
-      EmptyBarrier::wait(&smem.q_full, q_uses & 1);
-      const uint32_t slot = q_uses & 1;
+      const uint32_t q_buf = q_uses & 1, slot = q_uses & 3;
+      EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses >> 1) & 1);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
       softmax.reset();
@@ -231,7 +232,7 @@ struct Consumer {
         EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
         if (!first) EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
         turns.wait_turn();
-        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
         if (!first)
           warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false, /*kCommit=*/false>(
               mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
@@ -287,7 +288,7 @@ struct Consumer {
       }
 
       __syncwarp();
-      if (lane == 0) EmptyBarrier::arrive(&smem.q_empty);  // the last S GEMM has read Q
+      if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
       // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
       // nothing of it stays live in registers across the loop.
       store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);

@@ -12,8 +12,8 @@ namespace jagflash::kernels::fwd {
 //   D = 128) needs more GEMM time from the other warpgroups to hide behind.
 // kBlockN keys per block: 128 by default (S 64 x 128 fp32 and O 64 x D fp32 fit the consumer
 //   registers with P in bf16); 64 wastes less of short sequences' last block.
-// kStages K/V stages: as many as fit (up to 4) next to Q and the O staging tile in the 227 KB a
-//   CTA may use: 2 at D = 128 with 128-key blocks.
+// kStages K/V stages: as many as fit (up to 4) next to two Q buffers and the O staging tile in
+//   the 227 KB a CTA may use: 2 at D = 128 with 128-key blocks (231.7 KB of 232448 bytes).
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
 //   one's softmax runs while the other's GEMMs use the tensor cores.
 template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2>
@@ -31,7 +31,8 @@ struct TileConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kOStagingBytes = kBlockM * (kHeadDim + 16 / int(sizeof(Element))) * int(sizeof(Element));
   static constexpr int kStageBytes = 2 * kBlockN * kHeadDim * int(sizeof(Element));  // K and V
-  static constexpr int kFitStages = (kSmemLimit - kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  static constexpr int kQBuffers = 2;  // the next tile's Q loads while the current one runs
+  static constexpr int kFitStages = (kSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
   // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.
