@@ -57,19 +57,17 @@ struct ForwardKnobs {
 // The default choice, then the knobs. Depends only on the call's shapes and mask (never on
 // offsets values, which live on the device), so calls that reuse a plan get the same variant.
 // Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, session 7):
-//  - D = 64, no mask, mean query length >= 160: three consumer warpgroups (192-row tiles).
-//    Measured +5% to +14% on gemskew, pareto and onegiant, but -2% on uniform1k (1024 is not a
-//    multiple of 192) and -7% on short (tiles mostly empty); causal lost on all but onegiant.
-//    The mean is all the host knows of the lengths without a sync.
+//  - D = 64 without a mask: three consumer warpgroups (192-row tiles). With Q double-buffered
+//    they won on all five distributions (+4% short to +17% gemskew); with a causal or window
+//    mask they lost on short sequences (-16%) and uniform1k (-9%), so masks keep two.
 //  - everything else: two warpgroups, 128-key blocks, no ping-pong (64-key blocks won only on
-//    short, +10%, and lost 4-19% elsewhere, pareto included, whose mean length equals short's).
+//    short, +10%, and lost 4-19% elsewhere, pareto included, whose mean length equals short's;
+//    the host knows no more of the lengths than their mean without a sync).
 inline ForwardVariant choose_forward_variant(const jf_fwd_args& a) {
   const ForwardKnobs& k = ForwardKnobs::get();
   ForwardVariant v;
   v.schedule = k.schedule;
-  const jf_problem& pb = a.problem;
-  const int64_t mean_q = pb.batch_size > 0 ? pb.q.rows / pb.batch_size : 0;
-  if (pb.q.head_dim == 64 && pb.mask == JF_MASK_NONE && mean_q >= 160) v.warpgroups = 3;
+  if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
   if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
