@@ -1,0 +1,59 @@
+// Which Hopper forward variant a call gets by default (host-only: no GPU needed). The
+// benchmark knobs are unset in the test environment, so these are the defaults of
+// kernels/fwd/variants.hpp.
+#include "kernels/fwd/variants.hpp"
+
+#include <gtest/gtest.h>
+
+namespace jagflash {
+namespace {
+
+using kernels::fwd::choose_forward_variant;
+using kernels::fwd::ForwardVariant;
+
+jf_fwd_args call(int head_dim, jf_mask mask, int32_t batch = 8, int64_t rows = 4096) {
+  jf_fwd_args a{};
+  a.problem.dtype = JF_BF16;
+  a.problem.device = JF_DEVICE_CUDA;
+  a.problem.batch_size = batch;
+  a.problem.q = {nullptr, rows, 16, head_dim, int64_t(16) * head_dim, head_dim};
+  a.problem.k = a.problem.q;
+  a.problem.v = a.problem.q;
+  a.problem.mask = mask;
+  a.problem.window_left = a.problem.window_right = -1;
+  return a;
+}
+
+TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
+  ASSERT_EQ(std::getenv("JAGFLASH_FWD_BLOCK_N"), nullptr) << "the defaults are tested without knobs";
+  ASSERT_EQ(std::getenv("JAGFLASH_FWD_WARPGROUPS"), nullptr) << "the defaults are tested without knobs";
+  struct Case {
+    int head_dim;
+    jf_mask mask;
+    int32_t batch;
+    int64_t rows;
+    int block_n, warpgroups;
+  };
+  const Case cases[] = {
+      {128, JF_MASK_NONE, 8, 4096, 128, 2},
+      {128, JF_MASK_NONE, 2048, 2048 * 136, 128, 2},  // short sequences: 64-key blocks are no faster
+      {128, JF_MASK_CAUSAL, 8, 4096, 128, 2},
+      {64, JF_MASK_NONE, 8, 4096, 128, 3},            // D = 64 unmasked: three consumer warpgroups
+      {64, JF_MASK_NONE, 2048, 2048 * 136, 128, 3},
+      {64, JF_MASK_CAUSAL, 8, 4096, 128, 2},
+      {64, JF_MASK_WINDOW, 8, 4096, 128, 2},
+  };
+  for (const Case& c : cases) {
+    jf_fwd_args a = call(c.head_dim, c.mask, c.batch, c.rows);
+    if (c.mask == JF_MASK_WINDOW) a.problem.window_left = a.problem.window_right = 32;
+    const ForwardVariant v = choose_forward_variant(a);
+    SCOPED_TRACE(testing::Message() << "D=" << c.head_dim << " mask=" << c.mask << " B=" << c.batch);
+    EXPECT_EQ(v.block_n, c.block_n);
+    EXPECT_EQ(v.warpgroups, c.warpgroups);
+    EXPECT_EQ(v.block_m(), 64 * c.warpgroups);
+    EXPECT_FALSE(v.ping_pong);
+  }
+}
+
+}  // namespace
+}  // namespace jagflash
