@@ -135,7 +135,7 @@ def measure(fn, device, warmup, iters, budget_s, calls=1):
         if ms * calls * iters > budget_ms:
             break
     times = []
-    while len(times) < iters and sum(times) * calls < budget_ms:
+    while len(times) < iters and (not times or sum(times) * calls < budget_ms):
         ms, result = once()
         times.append(ms)
     return statistics.median(times), result

@@ -1,0 +1,61 @@
+"""bench/compare.py without a GPU: its timing helper and a small CPU run end to end (the GPU run
+on the H200 uses the same code with CUDA events)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import jagflash
+from jagflash import _lib
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import compare  # noqa: E402
+
+
+def test_measure_queues_calls_and_reports_per_call_time():
+    calls = []
+
+    def fn():
+        calls.append(len(calls))
+        return len(calls)
+
+    ms, last = compare.measure(fn, torch.device("cpu"), warmup=1, iters=3, budget_s=10.0, calls=4)
+    assert len(calls) == (1 + 3) * 4  # one warm-up sample and three timed ones, four calls each
+    assert last == len(calls)
+    assert ms >= 0.0
+
+
+def test_measure_stops_at_the_budget():
+    def slow():
+        torch.ones(1).add_(1)  # something to time
+        return None
+
+    count = 0
+
+    def counted():
+        nonlocal count
+        count += 1
+        return slow()
+
+    compare.measure(counted, torch.device("cpu"), warmup=0, iters=1000, budget_s=0.0, calls=2)
+    assert count == 2  # at least one sample is always taken, then the budget stops it
+
+
+def test_compare_runs_on_the_cpu(tmp_path):
+    env = dict(os.environ, JAGFLASH_LIBRARY=str(_lib.library_path()), JAGFLASH_COMMIT="test")
+    cmd = [sys.executable, str(BENCH / "compare.py"), "--device", "cpu", "--scale", "32", "--max-batch", "6",
+           "--dists", "short", "--head-dims", "64", "--masks", "causal", "--impls", "jagflash",
+           "--iters", "2", "--warmup", "1", "--fwd-calls", "2", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True, timeout=300)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["meta"]["commit"] == "test" and saved["meta"]["fwd_calls"] == 2
+    (row,) = saved["rows"]
+    assert row["impl"] == "jagflash" and "error" not in row, row
+    assert row["fwd_tflops"] > 0 and row["bwd_tflops"] > 0
+    section = (tmp_path / "compare.md").read_text()
+    assert "2 call(s) queued back to back" in section and "| short | causal | 64 |" in section
+    assert jagflash.library_version() in section
