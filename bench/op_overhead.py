@@ -10,27 +10,20 @@ For each distribution (bf16, H = 16, D = 128, both masks, randn inputs like comp
     python bench/op_overhead.py [--dists gemskew ...]
 """
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
 import jagflash  # noqa: E402
 
 
-def events_ms(fn, calls, reps=7):
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
+def events_ms(fn, calls):
+    """Median ms per call over 7 samples of `calls` queued calls: compare.py's own timer."""
+    return compare.measure(fn, torch.device("cuda"), warmup=0, iters=7, budget_s=60.0, calls=calls)[0]
 
 
 def kernel_times_ms(fn):

@@ -66,11 +66,10 @@ struct KernelTraits {
                                        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
                                        SmemLayoutKVStage{}));
 
-  // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
-  // then hit 32 different banks.
-  static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);  // one K (or V) block
+  // Sizes from the config, which also budgets the shared memory with them.
+  static constexpr int kOSmemStride = Config::kOSmemStride;
+  static constexpr uint32_t kQBytes = Config::kQBytes;
+  static constexpr uint32_t kKBytes = Config::kKVBlockBytes;  // one K (or V) block
 };
 
 // What one tile is, decoded from the plan the same way by the producer and the consumers.

@@ -28,9 +28,13 @@ struct TileConfig {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // producer warpgroup + consumers
 
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kOStagingBytes = kBlockM * (kHeadDim + 16 / int(sizeof(Element))) * int(sizeof(Element));
-  static constexpr int kStageBytes = 2 * kBlockN * kHeadDim * int(sizeof(Element));  // K and V
+  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));       // one Q buffer
+  static constexpr int kKVBlockBytes = kBlockN * kHeadDim * int(sizeof(Element));  // one K (or V) block
+  // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
+  // then hit 32 different banks.
+  static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
+  static constexpr int kOStagingBytes = kBlockM * kOSmemStride * int(sizeof(Element));
+  static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
   static constexpr int kQBuffers = 2;  // the next tile's Q loads while the current one runs
   static constexpr int kFitStages = (kSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
