@@ -9,6 +9,7 @@
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/softmax.cuh"
+#include "kernels/fwd/trace_fwd.cuh"
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -202,9 +203,11 @@ struct Consumer {
     const int lane = thread % 32;
     const WarpgroupTurns<Traits::kPingPong> turns(thread / 128);
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
+    ConsumerTrace trace;  // empty unless built with -DJAGFLASH_FWD_TRACE
     for (;;) {
       const uint32_t q_buf = q_uses & 1, slot = q_uses & 3;
       EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses >> 1) & 1);
+      trace.tile_start(thread, q_uses);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
       softmax.reset();
@@ -219,59 +222,79 @@ struct Consumer {
       }
 
       float correction[kRows];
-      // One loop body for every block, so nothing here is a function call that would force the
-      // register fragments into local memory. Loop peeling: `masked` is false on the bulk the
-      // mask policy proves mask-free, and the mask arithmetic is skipped there.
-      // Intra-warpgroup overlap: S of block n is issued together with O += P V of block n+1 (the
-      // previous one), its softmax runs while that GEMM is in flight, and O is rescaled only
-      // once the GEMM is done.
-      for (int32_t n = n_hi; n >= n_lo; --n) {
-        const bool first = n == n_hi;
-        const bool masked = n > bulk_hi || n < bulk_lo;
-        const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
+      // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
+      // bulk the mask policy proves mask-free) pay for it.
+      auto mask_block = [&](int32_t n) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
+          // Visible columns of this block, relative to the thread's first column.
+          const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
+          const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
+#pragma unroll
+          for (int c = 0; c < size<1>(s_rc); ++c) {
+            const int col = AccumulatorCoords::col_offset(c);
+            if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
+          }
+        }
+      };
+      auto convert_p = [&] {
+#pragma unroll
+        for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
+      };
+      if (n_lo <= n_hi) {
+        // The first block (the last in key order, usually masked) is peeled: S alone, there is
+        // no P V to overlap yet. Every later block then issues both GEMMs as two groups, so
+        // the wait for S leaves P V running (one wait<1>, no branch between issue and wait: an
+        // empty group committed on a conditional path made ptxas emit a dummy wgmma group
+        // after P V, and wait<1> then waited for P V too — the overlap was lost until session 8).
+        const uint32_t k_stage = k_uses % kStages;
         EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
-        if (!first) EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
         turns.wait_turn();
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
-        if (!first)
-          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false, /*kCommit=*/false>(
-              mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
-        // Committed on every block (an empty group on the first), so that one wait<1> finds S
-        // done everywhere: a wait<0>/wait<1> choice made ptxas serialize every wgmma of the
-        // ping-pong kernel (C7518, a divergent compiler-inserted wait).
-        warpgroup_commit_batch();
         turns.pass_turn();
-        warpgroup_wait<1>();  // S is ready; O += P V may still run
+        warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
-        if (masked) {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) {
-            const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
-            // Visible columns of this block, relative to the thread's first column.
-            const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
-            const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
-#pragma unroll
-            for (int c = 0; c < size<1>(s_rc); ++c) {
-              const int col = AccumulatorCoords::col_offset(c);
-              if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
-            }
-          }
-        }
+        if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
+        softmax.update(s_rc, p.scale_log2, correction);  // O is still zero: no rescale
+        convert_p();
+      }
+      // Intra-warpgroup overlap: S of block n is issued together with O += P V of block n+1 (the
+      // previous one), its softmax runs while that GEMM is in flight, and O is rescaled only
+      // once the GEMM is done.
+      for (int32_t n = n_hi - 1; n >= n_lo; --n) {
+        const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
+        trace.stamp(thread, kTraceTop);
+        EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
+        EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        turns.wait_turn();
+        trace.stamp(thread, kTraceIssue);
+        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        turns.pass_turn();
+        warpgroup_wait<1>();  // S is ready; O += P V may still run
+        warpgroup_fence_operand(tSrS);
+        trace.stamp(thread, kTraceScores);
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
+        ++k_uses;
+        if (n > bulk_hi || n < bulk_lo) mask_block(n);
         softmax.update(s_rc, p.scale_log2, correction);
-        if (!first) {
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          warpgroup_fence_operand(tOrP);
-          __syncwarp();
-          if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
-          ++v_uses;
-          OnlineSoftmax<kRows>::rescale(o_rc, correction);  // O is still zero on the first block
-        }
-#pragma unroll
-        for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
+        trace.stamp(thread, kTraceSoftmax);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        trace.stamp(thread, kTraceGemmDone);
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
+        ++v_uses;
+        OnlineSoftmax<kRows>::rescale(o_rc, correction);
+        convert_p();
+        trace.stamp(thread, kTraceEnd);
+        trace.block_done();
       }
       if (n_lo <= n_hi) {
         // Last block's O += P V.
