@@ -242,6 +242,17 @@ struct Consumer {
 #pragma unroll
         for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
       };
+      // Whether the next block's K and V were seen loaded already: probed (without blocking)
+      // while the warpgroup waits for its S anyway, so the barrier waits at the top of the
+      // next block leave the critical path.
+      bool next_kv_ready = false;
+      // Called before this block's k_uses/v_uses increments; v_ahead: 1 if this block uses a V.
+      auto probe_next_kv = [&](bool exists, uint32_t v_ahead) {
+        const uint32_t k_next = k_uses + 1, v_next = v_uses + v_ahead;
+        const bool k_ready = EmptyBarrier::test_wait(&smem.k_full[k_next % kStages], (k_next / kStages) & 1, 1);
+        const bool v_ready = EmptyBarrier::test_wait(&smem.v_full[v_next % kStages], (v_next / kStages) & 1, 1);
+        next_kv_ready = exists & k_ready & v_ready;
+      };
       if (n_lo <= n_hi) {
         // The first block (the last in key order, usually masked) is peeled: S alone, there is
         // no P V to overlap yet. Every later block then issues both GEMMs as two groups, so
@@ -253,28 +264,33 @@ struct Consumer {
         turns.wait_turn();
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
         turns.pass_turn();
+        probe_next_kv(n_hi > n_lo, 0);  // this block's V is the next block's
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
         if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
-        softmax.update(s_rc, p.scale_log2, correction);  // O is still zero: no rescale
+        softmax.update(s_rc, p.scale_log2, correction);  // correction = 0: O is still zero
         convert_p();
       }
-      // Intra-warpgroup overlap: S of block n is issued together with O += P V of block n+1 (the
-      // previous one), its softmax runs while that GEMM is in flight, and O is rescaled only
-      // once the GEMM is done.
+      // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
+      // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
+      // runs while that GEMM is in flight, and only the conversion of P waits for it.
       for (int32_t n = n_hi - 1; n >= n_lo; --n) {
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(thread, kTraceTop);
-        EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
-        EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        if (!next_kv_ready) {
+          EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
+          EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        }
         turns.wait_turn();
         trace.stamp(thread, kTraceIssue);
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+        OnlineSoftmax<kRows>::rescale(o_rc, correction);  // no GEMM in flight uses O
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
+        probe_next_kv(n > n_lo, 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
         trace.stamp(thread, kTraceScores);
@@ -291,16 +307,16 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
         ++v_uses;
-        OnlineSoftmax<kRows>::rescale(o_rc, correction);
         convert_p();
         trace.stamp(thread, kTraceEnd);
         trace.block_done();
       }
       if (n_lo <= n_hi) {
-        // Last block's O += P V.
+        // Last block's O += P V, after O's rescale for its running max.
         const uint32_t v_stage = v_uses % kStages;
         EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
         turns.wait_turn();
+        OnlineSoftmax<kRows>::rescale(o_rc, correction);
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
         warpgroup_wait<0>();
