@@ -27,6 +27,8 @@ JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$lim
 JAGFLASH_FWD_BLOCK_N=64 step "hopper tests, 64-key blocks" hopper_block_n64.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 JAGFLASH_FWD_WARPGROUPS=3 step "hopper tests, 3 warpgroups" hopper_wg3.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 JAGFLASH_FWD_WARPGROUPS=2 step "hopper tests, 2 warpgroups" hopper_wg2.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_PAIRS=2 step "hopper tests, 2 pairs" hopper_pairs.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
 step "jagflash run" run.log "$limit" "$cli" run
 step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then

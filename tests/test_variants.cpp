@@ -27,6 +27,7 @@ jf_fwd_args call(int head_dim, jf_mask mask, int32_t batch = 8, int64_t rows = 4
 TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
   ASSERT_EQ(std::getenv("JAGFLASH_FWD_BLOCK_N"), nullptr) << "the defaults are tested without knobs";
   ASSERT_EQ(std::getenv("JAGFLASH_FWD_WARPGROUPS"), nullptr) << "the defaults are tested without knobs";
+  ASSERT_EQ(std::getenv("JAGFLASH_FWD_PAIRS"), nullptr) << "the defaults are tested without knobs";
   struct Case {
     int head_dim;
     jf_mask mask;
@@ -51,8 +52,30 @@ TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
     EXPECT_EQ(v.block_n, c.block_n);
     EXPECT_EQ(v.warpgroups, c.warpgroups);
     EXPECT_EQ(v.block_m(), 64 * c.warpgroups);
+    EXPECT_EQ(v.pairs, 1);
     EXPECT_FALSE(v.ping_pong);
   }
+}
+
+// Two independent pairs: one warpgroup and 64 rows per tile whatever else is forced, 64-key
+// blocks at D = 128 (two 128-key K/V stages per pair would not fit), no ping-pong.
+TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
+  kernels::fwd::ForwardKnobs knobs;
+  knobs.pairs = 2;
+  knobs.ping_pong = 1;
+  knobs.warpgroups = 3;
+  for (int head_dim : {64, 128})
+    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) {
+      const ForwardVariant v = choose_forward_variant(call(head_dim, mask), knobs);
+      SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
+      EXPECT_EQ(v.pairs, 2);
+      EXPECT_EQ(v.warpgroups, 1);
+      EXPECT_EQ(v.block_m(), 64);
+      EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128);
+      EXPECT_FALSE(v.ping_pong);
+    }
+  knobs.pairs = 1;
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), knobs).pairs, 1);
 }
 
 }  // namespace

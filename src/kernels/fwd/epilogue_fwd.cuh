@@ -34,7 +34,10 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
   using Element = typename Traits::Element;
   uint32_t tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  const int thread = static_cast<int>(tid) - 128;  // consumer threads follow the producer warpgroup
+  // Consumer threads follow the producer warpgroup; each pair's threads follow the previous pair's.
+  constexpr int kPairThreads = 128 * Traits::kConsumerWarpgroups;
+  const int pair = Traits::kPairs == 1 ? 0 : (static_cast<int>(tid) - 128) / kPairThreads;
+  const int thread = static_cast<int>(tid) - 128 - pair * kPairThreads;
   const AccumulatorCoords coords(thread);
   constexpr int kRows = decltype(size<0>(o_rc))::value;
   constexpr int kWgRows = Traits::kRowsPerWarpgroup;
@@ -42,10 +45,10 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
   constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
   constexpr int kChunksPerRow = Traits::kHeadDim / kChunk;
   const int warpgroup = thread / 128, wg_thread = thread % 128;
-  // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (2 + wg;
-  // 0 and 1 are the ping-pong turns).
+  // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (2 + its
+  // index among all consumer warpgroups; 0 and 1 are the ping-pong turns).
   Element* o_smem = smem.o.data() + warpgroup * kWgRows * kStride;
-  const uint32_t barrier = 2 + warpgroup;
+  const uint32_t barrier = 2 + pair * Traits::kConsumerWarpgroups + warpgroup;
 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {

@@ -18,22 +18,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #else
   using Traits = KernelTraits<Config>;
   extern __shared__ __align__(1024) char smem_raw[];
-  auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
+  // One storage per (producer, consumers) pair; a single pair unless kPairs = 2.
+  auto* storage = reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
   if (*p.error_flag) return;  // offsets failed the device check: write nothing
 
   const int warp = threadIdx.x / 32;
   const bool producer = warp / 4 == 0;  // warpgroup 0 produces, the others consume
   if (threadIdx.x == 0) {
-    constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
-    for (int b = 0; b < 2; ++b) {
-      FullBarrier::init(&smem.q_full[b], 1);
-      EmptyBarrier::init(&smem.q_empty[b], kConsumerWarps);
-    }
-    for (int s = 0; s < Config::kStages; ++s) {
-      FullBarrier::init(&smem.k_full[s], 1);
-      EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);
-      FullBarrier::init(&smem.v_full[s], 1);
-      EmptyBarrier::init(&smem.v_empty[s], kConsumerWarps);
+    constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp of the pair arrives once
+    for (int pair = 0; pair < Config::kPairs; ++pair) {
+      SharedStorage<Traits>& smem = storage[pair];
+      for (int b = 0; b < 2; ++b) {
+        FullBarrier::init(&smem.q_full[b], 1);
+        EmptyBarrier::init(&smem.q_empty[b], kConsumerWarps);
+      }
+      for (int s = 0; s < Config::kStages; ++s) {
+        FullBarrier::init(&smem.k_full[s], 1);
+        EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);
+        FullBarrier::init(&smem.v_full[s], 1);
+        EmptyBarrier::init(&smem.v_empty[s], kConsumerWarps);
+      }
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -41,15 +45,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (threadIdx.x == 0) {
-      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-      Producer<Traits>::run(p, smem);
+    // Lane 0 of warp `pair` produces for that pair.
+    if (threadIdx.x % 32 == 0 && warp < Config::kPairs) {
+      if (warp == 0) {
+        cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      }
+      const int pair = Config::kPairs == 1 ? 0 : warp;  // a constant with one pair: fixed addresses
+      Producer<Traits>::run(p, storage[pair], pair);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    Consumer<Traits>::run(p, smem, threadIdx.x - 128);
+    constexpr int kPairThreads = 128 * Config::kConsumerWarpgroups;
+    const int consumer_thread = threadIdx.x - 128;
+    const int pair = Config::kPairs == 1 ? 0 : consumer_thread / kPairThreads;
+    Consumer<Traits>::run(p, storage[pair], consumer_thread - pair * kPairThreads, pair);
   }
 #endif
 }

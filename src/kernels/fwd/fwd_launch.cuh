@@ -72,23 +72,29 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.tile_counter = plan.tile_counter;
   p.schedule = schedule;
 
-  constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
+  constexpr size_t kSmemBytes = Config::kPairs * sizeof(SharedStorage<Traits>);
   static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
   err = cudaFuncSetAttribute(forward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   // Persistent: one CTA per SM, fewer when the batch has fewer tiles (an upper bound on the
-  // host, which never reads the plan). The plain grid launches a CTA per possible tile.
+  // host, which never reads the plan). The plain grid launches a CTA per possible tile (per
+  // kPairs tiles with independent pairs).
   const int64_t max_tiles = launch.plan.max_pairs * pb.q.heads;
-  const int64_t grid = schedule == Schedule::kGrid ? max_tiles : (max_tiles < sm_count() ? max_tiles : sm_count());
+  const int64_t grid = schedule == Schedule::kGrid ? (max_tiles + Config::kPairs - 1) / Config::kPairs
+                                                   : (max_tiles < sm_count() ? max_tiles : sm_count());
   forward_kernel<Config><<<static_cast<unsigned>(grid), Config::kThreads, kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 // The instantiations per (dtype, head dim): D = 128 with 128- or 64-key blocks, ping-pong or
-// not; D = 64 with two (ping-pong or not) or three consumer warpgroups.
+// not; D = 64 with two (ping-pong or not) or three consumer warpgroups; both with two
+// independent single-warpgroup pairs (64-key blocks at D = 128: 128 need more shared memory).
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
+  if (v.pairs == 2)
+    return run_forward_variant<TileConfig<Element, kHeadDim, false, kHeadDim == 128 ? 64 : 128, 1, 2>>(a, launch, v.schedule,
+                                                                                                   stream);
   if constexpr (kHeadDim == 128) {
     if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, false, 64>>(a, launch, v.schedule, stream);
   } else {

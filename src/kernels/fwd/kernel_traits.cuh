@@ -27,6 +27,9 @@ struct KernelTraits {
   static constexpr int kStages = Config::kStages;
   static constexpr int kRowsPerWarpgroup = Config::kRowsPerWarpgroup;
   static constexpr bool kPingPong = Config::kPingPong;
+  static constexpr int kPairs = Config::kPairs;
+  static constexpr int kQBuffers = Config::kQBuffers;
+  static constexpr int kConsumerWarpgroups = Config::kConsumerWarpgroups;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -93,9 +96,9 @@ struct SharedStorage {
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
   // O of the tile on its way out (epilogue), [kBlockM][kOSmemStride].
   cute::array_aligned<typename Traits::Element, Traits::kBlockM * Traits::kOSmemStride, 128> o;
-  // Q is double-buffered by tile parity: the producer loads the next tile's Q while the
-  // consumers still work on the current one, so a tile starts without waiting for its Q and the
-  // two warpgroups may drift apart across tile boundaries.
+  // Q is double-buffered by tile parity (kQBuffers = 2): the producer loads the next tile's Q
+  // while the consumers still work on the current one, so a tile starts without waiting for its
+  // Q and the two warpgroups may drift apart across tile boundaries.
   uint64_t q_full[2];                 // producer -> consumers: Q of the tile landed
   uint64_t q_empty[2];                // consumers -> producer: Q may be overwritten
   // K and V have their own barriers: a K stage frees as soon as S = Q K^T is done, so the next

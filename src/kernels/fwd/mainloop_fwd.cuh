@@ -44,10 +44,12 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
   }
 }
 
-// The round-th tile of this CTA under the chosen schedule (past the end: no more work).
+// The round-th tile of this CTA's pair under the chosen schedule (past the end: no more work).
+// The static schedules treat each pair as a CTA of its own.
 template <class Traits>
-__device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round) {
-  const int32_t ctas = static_cast<int32_t>(gridDim.x), cta = static_cast<int32_t>(blockIdx.x);
+__device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round, int pair) {
+  const int32_t ctas = static_cast<int32_t>(gridDim.x) * Traits::kPairs;
+  const int32_t cta = static_cast<int32_t>(blockIdx.x) * Traits::kPairs + pair;
   switch (p.schedule) {
     case Schedule::kZigzag: return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
     case Schedule::kGrid: return round == 0 ? cta : INT32_MAX;
@@ -62,7 +64,7 @@ struct Producer {
   using HeadDim = typename Traits::HeadDim;
   static constexpr int kStages = Traits::kStages;
 
-  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem) {
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int pair) {
     Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.total_q, HeadDim{}, p.num_heads));
     Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
     Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
@@ -73,13 +75,15 @@ struct Producer {
     const int32_t total_tiles = *p.num_pairs * p.num_heads;
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     for (int32_t round = 0;; ++round) {
-      const int32_t tile = next_tile(p, round);
+      const int32_t tile = next_tile(p, round, pair);
       const bool has_tile = tile < total_tiles;
       // Decoded before waiting for the consumers to free Q: the global loads overlap their work.
       const TileInfo t = has_tile ? decode_tile(p, tile) : TileInfo{};
-      // Q buffer by tile parity (its previous user is two tiles back), tile info by index mod 4.
-      const uint32_t q_buf = q_uses & 1, slot = q_uses & 3;
-      if (q_uses >= 2) EmptyBarrier::wait(&smem.q_empty[q_buf], ((q_uses >> 1) - 1) & 1);
+      // Q buffer by tile index mod kQBuffers (its previous user is kQBuffers tiles back), tile
+      // info by index mod 4.
+      constexpr uint32_t kQBuffers = Traits::kQBuffers;
+      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses & 3;
+      if (q_uses >= kQBuffers) EmptyBarrier::wait(&smem.q_empty[q_buf], ((q_uses / kQBuffers) - 1) & 1);
       // Published before the arrive on q_full (release semantics; the consumers' wait acquires).
       smem.has_tile[slot] = has_tile;
       if (!has_tile) {
@@ -175,7 +179,8 @@ struct Consumer {
   using HeadDim = typename Traits::HeadDim;
   static constexpr int kStages = Traits::kStages;
 
-  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
+  // thread: index among the pair's consumer threads (its warpgroups' rows follow from it).
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread, int pair) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(thread);
@@ -204,10 +209,12 @@ struct Consumer {
     const WarpgroupTurns<Traits::kPingPong> turns(thread / 128);
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
     ConsumerTrace trace;  // empty unless built with -DJAGFLASH_FWD_TRACE
+    const int trace_thread = thread + pair * 128 * Traits::kConsumerWarpgroups;  // among all consumers
     for (;;) {
-      const uint32_t q_buf = q_uses & 1, slot = q_uses & 3;
-      EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses >> 1) & 1);
-      trace.tile_start(thread, q_uses);
+      constexpr uint32_t kQBuffers = Traits::kQBuffers;
+      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses & 3;
+      EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses / kQBuffers) & 1);
+      trace.tile_start(trace_thread, q_uses);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
       softmax.reset();
@@ -279,13 +286,13 @@ struct Consumer {
       // runs while that GEMM is in flight, and only the conversion of P waits for it.
       for (int32_t n = n_hi - 1; n >= n_lo; --n) {
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
-        trace.stamp(thread, kTraceTop);
+        trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
           EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
           EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
         }
         turns.wait_turn();
-        trace.stamp(thread, kTraceIssue);
+        trace.stamp(trace_thread, kTraceIssue);
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
         OnlineSoftmax<kRows>::rescale(o_rc, correction);  // no GEMM in flight uses O
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
@@ -293,22 +300,22 @@ struct Consumer {
         probe_next_kv(n > n_lo, 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
-        trace.stamp(thread, kTraceScores);
+        trace.stamp(trace_thread, kTraceScores);
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
         if (n > bulk_hi || n < bulk_lo) mask_block(n);
         softmax.update(s_rc, p.scale_log2, correction);
-        trace.stamp(thread, kTraceSoftmax);
+        trace.stamp(trace_thread, kTraceSoftmax);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
-        trace.stamp(thread, kTraceGemmDone);
+        trace.stamp(trace_thread, kTraceGemmDone);
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
         ++v_uses;
         convert_p();
-        trace.stamp(thread, kTraceEnd);
+        trace.stamp(trace_thread, kTraceEnd);
         trace.block_done();
       }
       if (n_lo <= n_hi) {

@@ -16,18 +16,26 @@ namespace jagflash::kernels::fwd {
 //   the 227 KB a CTA may use: 2 at D = 128 with 128-key blocks (231.7 KB of 232448 bytes).
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
 //   one's softmax runs while the other's GEMMs use the tensor cores.
-template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2>
+// kPairs: independent (producer, consumers) pairs in one CTA. With 2, each consumer warpgroup
+//   works alone on its own 64-row tiles with its own producer thread, Q buffer and K/V ring
+//   (half the shared memory each): tiles of short sequences waste fewer rows, and the two
+//   warpgroups never wait for each other, so one's softmax and epilogue overlap the other's GEMMs.
+template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2,
+          int kPairs_ = 1>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;  // per tile (and pair)
+  static constexpr int kPairs = kPairs_;
+  static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);  // producer warpgroup + consumers
+  static constexpr int kThreads = 128 * (1 + kAllConsumerWarpgroups);  // producer warpgroup + consumers
 
   static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kPairSmemLimit = kSmemLimit / kPairs;
   static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));       // one Q buffer
   static constexpr int kKVBlockBytes = kBlockN * kHeadDim * int(sizeof(Element));  // one K (or V) block
   // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
@@ -35,22 +43,26 @@ struct TileConfig {
   static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
   static constexpr int kOStagingBytes = kBlockM * kOSmemStride * int(sizeof(Element));
   static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
-  static constexpr int kQBuffers = 2;  // the next tile's Q loads while the current one runs
-  static constexpr int kFitStages = (kSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  // Two Q buffers: the next tile's Q loads while the current one runs. With two pairs there is
+  // room for one each (two would leave a single K/V stage); the other pair hides the wait.
+  static constexpr int kQBuffers = kPairs == 1 ? 2 : 1;
+  static constexpr int kFitStages = (kPairSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
   // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.
   // With two consumer warpgroups the producer keeps 56 (it decodes the next tile while it waits
   // for Q to free, and spilled at 24 and 40) and the consumers get 224; with three, 32 and 160.
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 56 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 224 : 160;
+  static constexpr int kProducerRegisters = kAllConsumerWarpgroups == 2 ? 56 : 32;
+  static constexpr int kConsumerRegisters = kAllConsumerWarpgroups == 2 ? 224 : 160;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper forward serves head dims 64 and 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "key blocks of 64 or 128");
-  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
+  static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3, "two or three consumer warpgroups");
+  static_assert(kPairs == 1 || (kPairs == 2 && kConsumerWarpgroups == 1 && !kPingPong),
+                "two pairs of one consumer warpgroup each, or one pair");
   static_assert(!kPingPong || kConsumerWarpgroups == 2, "ping-pong takes turns between two warpgroups");
   static_assert(kStages >= 2, "at least two K/V stages");
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 65536,
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kAllConsumerWarpgroups <= 65536,
                 "register file");
 };
 

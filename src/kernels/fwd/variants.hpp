@@ -19,7 +19,8 @@ enum class Schedule : int32_t {
 
 struct ForwardVariant {
   int block_n = 128;
-  int warpgroups = 2;  // consumer warpgroups; the tile has 64 x warpgroups query rows
+  int warpgroups = 2;  // consumer warpgroups per tile; the tile has 64 x warpgroups query rows
+  int pairs = 1;       // independent (producer, consumers) pairs per CTA
   bool ping_pong = false;
   Schedule schedule = Schedule::kDynamic;
   int block_m() const { return 64 * warpgroups; }
@@ -32,11 +33,13 @@ struct ForwardVariant {
 //   JAGFLASH_FWD_PINGPONG   = 0 | 1          (two consumer warpgroups only)
 //   JAGFLASH_FWD_BLOCK_N    = 64 | 128       (head dim 128 only)
 //   JAGFLASH_FWD_WARPGROUPS = 2 | 3          (head dim 64 only)
+//   JAGFLASH_FWD_PAIRS      = 1 | 2          (2: one warpgroup per 64-row tile, two per CTA)
 struct ForwardKnobs {
   Schedule schedule = Schedule::kDynamic;
   int ping_pong = -1;   // -1: not forced
   int block_n = 0;      // 0: not forced
   int warpgroups = 0;   // 0: not forced
+  int pairs = 0;        // 0: not forced
 
   static const ForwardKnobs& get() {
     static const ForwardKnobs knobs = [] {
@@ -48,6 +51,7 @@ struct ForwardKnobs {
       if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
       if (const char* s = std::getenv("JAGFLASH_FWD_BLOCK_N")) k.block_n = std::atoi(s) == 64 ? 64 : 128;
       if (const char* s = std::getenv("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
+      if (const char* s = std::getenv("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
       return k;
     }();
     return knobs;
@@ -63,14 +67,19 @@ struct ForwardKnobs {
 //  - everything else: two warpgroups, 128-key blocks, no ping-pong. (64-key blocks won only on
 //    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
 //    on short: 198.6 vs 198.4 TFLOP/s.)
-inline ForwardVariant choose_forward_variant(const jf_fwd_args& a) {
-  const ForwardKnobs& k = ForwardKnobs::get();
+inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
   if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
   if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
+  if (k.pairs != 0) v.pairs = k.pairs;
+  if (v.pairs == 2) {  // one warpgroup per tile; 64-key blocks at D = 128 (shared memory)
+    v.warpgroups = 1;
+    v.block_n = a.problem.q.head_dim == 128 ? 64 : 128;
+    v.ping_pong = false;
+  }
   return v;
 }
 
