@@ -45,6 +45,9 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten'
   step "compute-sanitizer memcheck" memcheck.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   step "compute-sanitizer racecheck" racecheck.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  # The two-pair forward shares one CTA's shared memory between two independent pipelines.
+  JAGFLASH_FWD_PAIRS=2 step "memcheck, 2 pairs" memcheck_pairs.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  JAGFLASH_FWD_PAIRS=2 step "racecheck, 2 pairs" racecheck_pairs.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
 fi
 if [ "${VARIANTS:-0}" = 1 ]; then
   # Forward variants side by side (bench/NOTES.md): schedule x ping-pong, both masks.
