@@ -83,7 +83,9 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   const int64_t grid = schedule == Schedule::kGrid ? (max_tiles + Config::kPairs - 1) / Config::kPairs
                                                    : (max_tiles < sm_count() ? max_tiles : sm_count());
   forward_kernel<Config><<<static_cast<unsigned>(grid), Config::kThreads, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  print_forward_trace();  // a no-op unless built with -DJAGFLASH_FWD_TRACE
+  return err;
 }
 
 // The instantiations per (dtype, head dim): D = 128 with 128- or 64-key blocks, ping-pong or

@@ -1,13 +1,15 @@
 // Diagnostic clock stamps of the forward's consumer loop, compiled in only with
 // -DJAGFLASH_FWD_TRACE (a diagnostic build, never the library's): thread 0 of each consumer
-// warpgroup of CTA 0 stamps six points of every KV block of its first tile and prints them
-// when its second tile starts. bench/trace_fwd.py turns the printout into per-phase medians
+// warpgroup of CTA 0 stamps six points of every KV block of its first tile; the launcher prints
+// them after each launch (a tile is complete once the warpgroup starts its second). bench/trace_fwd.py turns the printout into per-phase medians
 // (barrier wait, S latency, softmax, P V wait, rescale + conversion, period). This is how the
 // lost intra-warpgroup overlap was found in session 8 (bench/NOTES.md).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+
+#include <cuda_runtime.h>
 
 namespace jagflash::kernels::fwd {
 
@@ -24,20 +26,18 @@ enum TracePoint : int {
 
 #ifdef JAGFLASH_FWD_TRACE
 __device__ long long g_fwd_trace[2][256][kTracePoints];
+__device__ int g_fwd_trace_blocks[2];
 
+// No printf here: a call anywhere in the kernel makes ptxas serialize every wgmma (C7510), and
+// the trace would time another kernel. The host prints the stamps after the launch
+// (print_forward_trace in fwd_launch.cuh).
 struct ConsumerTrace {
   int block = 0;
   bool on = false;
-  // At every tile start: tracing covers the first tile; the second prints it.
+  // At every tile start: the first tile is traced.
   __device__ void tile_start(int thread, uint32_t tiles_done) {
-    const bool leader = blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2;
-    on = leader && tiles_done == 0;
-    if (leader && tiles_done == 1)
-      for (int i = 0; i < block; ++i) {
-        const long long* r = g_fwd_trace[thread / 128][i];
-        printf("TRACE wg %d blk %d : %lld %lld %lld %lld %lld %lld\n", thread / 128, i, r[0], r[1], r[2], r[3], r[4],
-               r[5]);
-      }
+    on = blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2 && tiles_done == 0;
+    if (blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2 && tiles_done == 1) g_fwd_trace_blocks[thread / 128] = block;
   }
   __device__ void stamp(int thread, TracePoint point) {
     if (on) g_fwd_trace[thread / 128][block][point] = clock64();
@@ -46,12 +46,29 @@ struct ConsumerTrace {
     if (on && block < 255) ++block;
   }
 };
+
+// Host side: waits for the launch, then prints the stamps as "TRACE wg W blk B : t0 .. t5".
+inline void print_forward_trace() {
+  long long stamps[2][256][kTracePoints];
+  int blocks[2] = {0, 0};
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(blocks, g_fwd_trace_blocks, sizeof(blocks)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(stamps, g_fwd_trace, sizeof(stamps)) != cudaSuccess)
+    return;
+  for (int wg = 0; wg < 2; ++wg)
+    for (int i = 0; i < blocks[wg] && i < 256; ++i) {
+      const long long* r = stamps[wg][i];
+      std::printf("TRACE wg %d blk %d : %lld %lld %lld %lld %lld %lld\n", wg, i, r[0], r[1], r[2], r[3], r[4], r[5]);
+    }
+  const int zero[2] = {0, 0};
+  cudaMemcpyToSymbol(g_fwd_trace_blocks, zero, sizeof(zero));
+}
 #else
 struct ConsumerTrace {
   __device__ void tile_start(int, uint32_t) {}
   __device__ void stamp(int, TracePoint) {}
   __device__ void block_done() {}
 };
+inline void print_forward_trace() {}
 #endif
 
 }  // namespace jagflash::kernels::fwd
