@@ -2,8 +2,9 @@
 // choosing how to compute exp2 in the forward's softmax: MUFU.EX2 on f32, on packed f16x2 and
 // bf16x2, FFMA, and the f32 -> bf16x2 conversion. Every warp runs independent chains (no
 // latency bound); the clock is the SM's (clock64), so power capping does not enter.
-//   build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a bench/micro/sfu_throughput.cu -o sfu
-//   run:   ./sfu     (one line per kind)
+//   build: part of the build with tests (build/tests/jagflash_sfu_throughput), or
+//          nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/sfu_throughput.cu -o sfu
+//   run:   on the GPU machine, one line per kind and block size
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
