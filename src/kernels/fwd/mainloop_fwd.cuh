@@ -232,16 +232,26 @@ struct Consumer {
       // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
       // bulk the mask policy proves mask-free) pay for it.
       auto mask_block = [&](int32_t n) {
+        // Without a left window edge every row's visible keys start at key 0 (MaskPolicy::
+        // key_range), so only the right edge needs a compare: one instruction less per score on
+        // the masked blocks of causal and unmasked (sequence-end) tiles.
+        const bool left_edge = p.mask.left >= 0;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
           // Visible columns of this block, relative to the thread's first column.
           const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
           const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
+          if (left_edge) {
 #pragma unroll
-          for (int c = 0; c < size<1>(s_rc); ++c) {
-            const int col = AccumulatorCoords::col_offset(c);
-            if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
+            for (int c = 0; c < size<1>(s_rc); ++c) {
+              const int col = AccumulatorCoords::col_offset(c);
+              if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
+            }
+          } else {
+#pragma unroll
+            for (int c = 0; c < size<1>(s_rc); ++c)
+              if (AccumulatorCoords::col_offset(c) > last_col) s_rc(r, c) = -INFINITY;
           }
         }
       };
