@@ -1,9 +1,10 @@
-// The forward's two roles inside a persistent CTA.
+// The forward's two roles inside a persistent CTA (once per pair when kPairs = 2, each pair with
+// its own shared storage).
 //  Producer (one thread of the producer warpgroup): takes tiles from the plan through an atomic
 //    counter, publishes each to the consumers, and issues the TMA loads: Q once per tile, K and V
 //    through the kStages ring.
-//  Consumers (two warpgroups, 64 rows each): S = Q K^T, mask (only on the peeled blocks), online
-//    softmax, O += P V, then the epilogue.
+//  Consumers (the pair's warpgroups, 64 rows each): S = Q K^T, mask (only on the peeled blocks),
+//    online softmax, O += P V, then the epilogue.
 #pragma once
 
 #include "kernels/fwd/epilogue_fwd.cuh"
