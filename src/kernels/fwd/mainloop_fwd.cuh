@@ -115,20 +115,17 @@ struct Producer {
       // Same order as the consumers: last block first (the masked tail), down to the first.
       // K of a block is issued one block ahead of V (K[n], then V[n+1]): the consumers need K of
       // block n while they still multiply by V of the block before it.
-      auto load_k = [&](int32_t n) {
-        const uint32_t stage = k_uses % kStages, round = k_uses / kStages;
-        if (round > 0) EmptyBarrier::wait(&smem.k_empty[stage], (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&smem.k_full[stage], Traits::kKBytes);
-        copy(p.tma_k.with(smem.k_full[stage]), tKg(_, n), tKs(_, stage));
-        ++k_uses;
+      // One K or V block into the next stage of its ring (uses: that ring's load count).
+      auto load_block = [&](const auto& tma, const auto& tg, const auto& ts, uint64_t* full, uint64_t* empty,
+                            uint32_t& uses, int32_t n) {
+        const uint32_t stage = uses % kStages, round = uses / kStages;
+        if (round > 0) EmptyBarrier::wait(&empty[stage], (round - 1) & 1);
+        FullBarrier::arrive_and_expect_tx(&full[stage], Traits::kKBytes);
+        copy(tma.with(full[stage]), tg(_, n), ts(_, stage));
+        ++uses;
       };
-      auto load_v = [&](int32_t n) {
-        const uint32_t stage = v_uses % kStages, round = v_uses / kStages;
-        if (round > 0) EmptyBarrier::wait(&smem.v_empty[stage], (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&smem.v_full[stage], Traits::kKBytes);
-        copy(p.tma_v.with(smem.v_full[stage]), tVg(_, n), tVs(_, stage));
-        ++v_uses;
-      };
+      auto load_k = [&](int32_t n) { load_block(p.tma_k, tKg, tKs, smem.k_full, smem.k_empty, k_uses, n); };
+      auto load_v = [&](int32_t n) { load_block(p.tma_v, tVg, tVs, smem.v_full, smem.v_empty, v_uses, n); };
       const int32_t n_hi = static_cast<int32_t>(t.kv_blocks.hi), n_lo = static_cast<int32_t>(t.kv_blocks.lo);
       for (int32_t n = n_hi; n >= n_lo; --n) {
         load_k(n);

@@ -36,8 +36,9 @@ struct ConsumerTrace {
   bool on = false;
   // At every tile start: the first tile is traced.
   __device__ void tile_start(int thread, uint32_t tiles_done) {
-    on = blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2 && tiles_done == 0;
-    if (blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2 && tiles_done == 1) g_fwd_trace_blocks[thread / 128] = block;
+    const bool leader = blockIdx.x == 0 && thread % 128 == 0 && thread / 128 < 2;
+    on = leader && tiles_done == 0;
+    if (leader && tiles_done == 1) g_fwd_trace_blocks[thread / 128] = block;
   }
   __device__ void stamp(int thread, TracePoint point) {
     if (on) g_fwd_trace[thread / 128][block][point] = clock64();
