@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the PyTorch op's forward time goes, next to the kernel's own time.
 
-For each distribution (bf16, H = 16, D = 128, both masks, randn inputs like compare.py), prints:
+For each distribution (bf16, H = 16, D = 128, both masks, randn inputs like compare.py unless
+--inputs uniform), prints:
   per call     - CUDA events around one call, as compare.py times it (host time before the
                  launch shows up as idle GPU time);
   back to back - events around 8 calls queued without a sync, divided by 8 (host time hidden
@@ -44,6 +45,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dists", nargs="+", default=list(jagflash.DISTRIBUTIONS))
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--inputs", choices=("randn", "uniform"), default="randn",
+                   help="q, k, v from N(0, 1) (compare.py's draw) or U(-1, 1) (the C++ bench's)")
     args = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(jagflash.DEFAULT_SEED)
     print("| dist | mask | per call ms | back to back ms | kernels ms | largest kernels |")
@@ -52,8 +55,14 @@ def main():
         lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
         total = sum(lengths)
         offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
-        q, k, v = (torch.randn((total, 16, args.head_dim), generator=gen, device="cuda").to(torch.bfloat16)
-                   .requires_grad_() for _ in range(3))
+        def draw():
+            shape = (total, 16, args.head_dim)
+            if args.inputs == "uniform":
+                x = torch.rand(shape, generator=gen, device="cuda") * 2 - 1
+            else:
+                x = torch.randn(shape, generator=gen, device="cuda")
+            return x.to(torch.bfloat16).requires_grad_()
+        q, k, v = draw(), draw(), draw()
         for causal in (False, True):
             def fn():
                 return jagflash.jagged_attention(q, k, v, offsets, causal=causal, check_offsets="device")

@@ -55,6 +55,7 @@ BatchSpec spec_for(const Options& o, std::vector<int32_t> lengths) {
   s.head_dim = o.head_dim;
   s.dtype = dtype_of(o.dtype);
   s.seed = o.seed;
+  s.input_range = o.input_range;
   apply_mask(o, s);
   return s;
 }

@@ -23,6 +23,7 @@ struct Options {
   int warmup = 3;
   int scale_down = 8;  // check: lengths divided by this for the CPU-reference comparison
   uint64_t seed = 20261129;
+  float input_range = 1.f;  // q, k, v, dout drawn from U(-input_range, input_range)
 };
 
 // Each returns the process exit code.

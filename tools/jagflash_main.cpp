@@ -41,6 +41,8 @@ options:
   --warmup N              untimed iterations first (default 3)
   --scale-down K          check: divide lengths by K for the CPU comparison (default 8)
   --seed N                batch seed (default 20261129)
+  --input-range A         q, k, v (and dout) drawn from U(-A, A) (default 1; 1.732 has the
+                          unit variance of torch.randn, which the Python comparison uses)
   --cpu                   run: use the CPU reference even if a GPU is present
   -h, --help              this text
 )";
@@ -108,6 +110,15 @@ jagflash::cli::Options parse(int argc, char** argv) {
       if (o.scale_down < 1) throw std::invalid_argument("--scale-down: expected >= 1, got " + std::to_string(o.scale_down));
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(a, value()));
+    } else if (a == "--input-range") {
+      const std::string v = value();
+      try {
+        size_t used = 0;
+        o.input_range = std::stof(v, &used);
+        if (used != v.size() || !(o.input_range > 0.f) || o.input_range > 1e3f) throw std::invalid_argument("range");
+      } catch (const std::exception&) {
+        throw std::invalid_argument("--input-range: expected a number in (0, 1000], got '" + v + "'");
+      }
     } else if (a == "--cpu") {
       o.cpu = true;
     } else {

@@ -156,10 +156,10 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   g.v_view = packed_view(g.v.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
   g.dk_view = packed_view(g.dk.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
   g.dv_view = packed_view(g.dv.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
-  fill_uniform(g.q_view, s.dtype, s.seed * 4 + 0, -1.f, 1.f);
-  fill_uniform(g.k_view, s.dtype, s.seed * 4 + 1, -1.f, 1.f);
-  fill_uniform(g.v_view, s.dtype, s.seed * 4 + 2, -1.f, 1.f);
-  fill_uniform(g.dout_view, s.dtype, s.seed * 4 + 3, -1.f, 1.f);
+  fill_uniform(g.q_view, s.dtype, s.seed * 4 + 0, -s.input_range, s.input_range);
+  fill_uniform(g.k_view, s.dtype, s.seed * 4 + 1, -s.input_range, s.input_range);
+  fill_uniform(g.v_view, s.dtype, s.seed * 4 + 2, -s.input_range, s.input_range);
+  fill_uniform(g.dout_view, s.dtype, s.seed * 4 + 3, -s.input_range, s.input_range);
   poison_outputs(g);
   size_t fwd_bytes = 0, bwd_bytes = 0;
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);

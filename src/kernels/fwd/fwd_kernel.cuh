@@ -32,6 +32,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         FullBarrier::init(&smem.q_full[b], 1);
         EmptyBarrier::init(&smem.q_empty[b], kConsumerWarps);
       }
+      for (uint32_t s = 0; s < SharedStorage<Traits>::kTileSlots; ++s) {
+        FullBarrier::init(&smem.tile_full[s], 1);
+        EmptyBarrier::init(&smem.tile_empty[s], kConsumerWarps);
+      }
       for (int s = 0; s < Config::kStages; ++s) {
         FullBarrier::init(&smem.k_full[s], 1);
         EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);
@@ -45,7 +49,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    // Lane 0 of warp `pair` produces for that pair.
+    // Lane 0 of warp `pair` produces for that pair; lane 0 of warp kPairs + pair schedules it.
+    if (threadIdx.x % 32 == 0 && warp >= Config::kPairs && warp < 2 * Config::kPairs) {
+      const int pair = Config::kPairs == 1 ? 0 : warp - Config::kPairs;
+      Scheduler<Traits>::run(p, storage[pair], pair);
+    }
     if (threadIdx.x % 32 == 0 && warp < Config::kPairs) {
       if (warp == 0) {
         cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());

@@ -107,13 +107,17 @@ struct SharedStorage {
   uint64_t k_empty[Traits::kStages];
   uint64_t v_full[Traits::kStages];
   uint64_t v_empty[Traits::kStages];
-  // The tiles, decoded by the producer (its plan and offset reads are global loads with a
-  // dependent chain; done once, ahead of time, instead of by every consumer at every tile).
-  // Four slots, by tile index mod 4: the producer runs up to two tiles ahead (two Q buffers)
-  // while the consumers' epilogue still reads the current slot, so the consumers need not keep
-  // the tile in registers across the main loop (with three consumer warpgroups that spilled).
-  TileInfo tile[4];
-  int32_t has_tile[4];                // 0: no more work
+  // The tiles, taken from the plan and decoded by the scheduler thread (an atomic and a chain
+  // of dependent global loads, ~2000 clocks: kept off the producer, which used to pay them
+  // between one tile's last V and the next tile's Q, exposed at every start of a short tile).
+  // A ring of kTileSlots by the CTA's tile ordinal: the scheduler runs up to kTileSlots tiles
+  // ahead of the consumers' epilogue, which reads its slot again (the consumers need not keep
+  // the tile in registers across the main loop; with three consumer warpgroups that spilled).
+  static constexpr uint32_t kTileSlots = 4;
+  TileInfo tile[kTileSlots];
+  int32_t has_tile[kTileSlots];       // 0: no more work
+  uint64_t tile_full[kTileSlots];     // scheduler -> producer: the slot holds the next tile
+  uint64_t tile_empty[kTileSlots];    // consumers -> scheduler: the tile's epilogue is done
 };
 
 // Device parameters: plain values, built once on the host by the launcher.

@@ -1,8 +1,10 @@
 // The forward's two roles inside a persistent CTA (once per pair when kPairs = 2, each pair with
 // its own shared storage).
-//  Producer (one thread of the producer warpgroup): takes tiles from the plan through an atomic
-//    counter, publishes each to the consumers, and issues the TMA loads: Q once per tile, K and V
-//    through the kStages ring.
+//  Scheduler (one thread of the producer warpgroup): takes tiles from the plan through an atomic
+//    counter and decodes them into a ring of tile slots, a few tiles ahead.
+//  Producer (another thread of it): takes the tiles from the ring, publishes each to the
+//    consumers with its Q, and issues the TMA loads: Q once per tile, K and V through the
+//    kStages ring.
 //  Consumers (the pair's warpgroups, 64 rows each): S = Q K^T, mask (only on the peeled blocks),
 //    online softmax, O += P V, then the epilogue.
 #pragma once
@@ -58,6 +60,28 @@ __device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t ro
   }
 }
 
+// Takes the CTA's tiles from the plan and decodes them into the tile ring, ahead of the
+// producer: the atomic and the decode's dependent loads then overlap the loads and GEMMs of the
+// tiles before. It waits for a slot before taking a tile, so a CTA never holds more than
+// kTileSlots tiles the others could have taken (the last ones, the shortest, under longest first).
+template <class Traits>
+struct Scheduler {
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int pair) {
+    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
+    const int32_t total_tiles = *p.num_pairs * p.num_heads;
+    for (uint32_t round = 0;; ++round) {
+      const uint32_t slot = round % kSlots;
+      if (round >= kSlots) EmptyBarrier::wait(&smem.tile_empty[slot], ((round / kSlots) - 1) & 1);
+      const int32_t tile = next_tile(p, static_cast<int32_t>(round), pair);
+      const bool has_tile = tile < total_tiles;
+      if (has_tile) smem.tile[slot] = decode_tile(p, tile);
+      smem.has_tile[slot] = has_tile;
+      EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the producer's wait acquires
+      if (!has_tile) return;
+    }
+  }
+};
+
 template <class Traits>
 struct Producer {
   using BlockM = typename Traits::BlockM;
@@ -73,25 +97,21 @@ struct Producer {
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
 
-    const int32_t total_tiles = *p.num_pairs * p.num_heads;
+    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
     uint32_t q_uses = 0, k_uses = 0, v_uses = 0;
-    for (int32_t round = 0;; ++round) {
-      const int32_t tile = next_tile(p, round, pair);
-      const bool has_tile = tile < total_tiles;
-      // Decoded before waiting for the consumers to free Q: the global loads overlap their work.
-      const TileInfo t = has_tile ? decode_tile(p, tile) : TileInfo{};
-      // Q buffer by tile index mod kQBuffers (its previous user is kQBuffers tiles back), tile
-      // info by index mod 4.
+    for (;;) {
+      // Tile ordinal q_uses: its slot in the tile ring, its Q buffer (the previous user of the
+      // buffer is kQBuffers tiles back).
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
-      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses & 3;
+      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % kSlots;
+      EmptyBarrier::wait(&smem.tile_full[slot], (q_uses / kSlots) & 1);
+      const bool has_tile = smem.has_tile[slot];
       if (q_uses >= kQBuffers) EmptyBarrier::wait(&smem.q_empty[q_buf], ((q_uses / kQBuffers) - 1) & 1);
-      // Published before the arrive on q_full (release semantics; the consumers' wait acquires).
-      smem.has_tile[slot] = has_tile;
       if (!has_tile) {
-        EmptyBarrier::arrive(&smem.q_full[q_buf]);
+        EmptyBarrier::arrive(&smem.q_full[q_buf]);  // the consumers read has_tile = 0 and stop
         return;
       }
-      smem.tile[slot] = t;
+      const TileInfo t = smem.tile[slot];
 
       // Rows are addressed from the sequence's first token: loads past its end read the next
       // sequence (masked by the consumers, never stored) or are zero-filled past the tensor.
@@ -210,7 +230,7 @@ struct Consumer {
     const int trace_thread = thread + pair * 128 * Traits::kConsumerWarpgroups;  // among all consumers
     for (;;) {
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
-      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses & 3;
+      const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % SharedStorage<Traits>::kTileSlots;
       EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses / kQBuffers) & 1);
       trace.tile_start(trace_thread, q_uses);
       if (!smem.has_tile[slot]) return;
@@ -345,7 +365,8 @@ struct Consumer {
       if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
       // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
       // nothing of it stays live in registers across the loop.
-      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);
+      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);  // ends with a warpgroup barrier
+      if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);  // the slot is read for the last time
       ++q_uses;
     }
   }

@@ -50,8 +50,11 @@ struct TileConfig {
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
   // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.
-  // With two consumer warpgroups the producer keeps 56 (it decodes the next tile while it waits
-  // for Q to free, and spilled at 24 and 40) and the consumers get 224; with three, 32 and 160.
+  // With two consumer warpgroups the producer warpgroup keeps 56 (its scheduler thread decodes
+  // tiles with 64-bit mask arithmetic; 24 and 40 spilled) and the consumers get 224; with three,
+  // 32 and 160: the scheduler thread then spills ~128 bytes to local memory (once per tile, off
+  // the critical path), and 152 for the consumers, which would free registers for it, makes
+  // the consumers spill instead.
   static constexpr int kProducerRegisters = kAllConsumerWarpgroups == 2 ? 56 : 32;
   static constexpr int kConsumerRegisters = kAllConsumerWarpgroups == 2 ? 224 : 160;
 
