@@ -1,6 +1,6 @@
 // GPU test of the forward's device-built plan: for each batch and mask, the plan the kernels
-// read (pairs sorted longest first, through vals_out) must list exactly the host scheduler's
-// tiles in the host's longest-first order, with the same costs.
+// read (pairs in plan order, through vals_out) must list exactly the host scheduler's tiles in
+// the host's order (schedule::sort_sequences_heaviest_first), with the keys that order implies.
 #include "gen/distributions.hpp"
 #include "schedule/plan.hpp"
 #include "schedule/plan_device.hpp"
@@ -28,7 +28,7 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   DeviceBuffer d_q = DeviceBuffer::from_host(q_off), d_kv = DeviceBuffer::from_host(kv_off);
   DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{0});
   DeviceBuffer workspace(layout.total_bytes);
-  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, mask, kTileM,
+  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM,
                                                       kTileN, flag.as<int32_t>(), workspace.get(), layout, nullptr));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   std::vector<char> ws(layout.total_bytes);
@@ -38,18 +38,21 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
 
   std::vector<schedule::Tile> tiles = schedule::build_tiles(q_off.data(), kv_off.data(), batch, /*num_heads=*/1,
                                                             mask, {kTileM, kTileN}, schedule::Direction::kForward);
-  schedule::sort_longest_first(tiles);
+  schedule::sort_sequences_heaviest_first(tiles, q_off.data(), kv_off.data(), {kTileM, kTileN});
   ASSERT_EQ(static_cast<size_t>(num_pairs), tiles.size());
   ASSERT_LE(num_pairs, layout.max_pairs);
   const int32_t* sorted = array(layout.vals_out);
-  const auto* keys = reinterpret_cast<const uint32_t*>(array(layout.keys_out));
+  const auto* keys = reinterpret_cast<const uint64_t*>(ws.data() + layout.keys_out);
   for (int32_t i = 0; i < num_pairs; ++i) {
     const int32_t pair = sorted[i];
     ASSERT_GE(pair, 0);
     ASSERT_LT(pair, num_pairs);
     ASSERT_EQ(array(layout.pair_batch)[pair], tiles[i].batch) << "position " << i;
     ASSERT_EQ(array(layout.pair_block)[pair], tiles[i].block) << "position " << i;
-    ASSERT_EQ(keys[i], static_cast<uint32_t>(tiles[i].cost) + 1u) << "position " << i;
+    const int32_t b = tiles[i].batch;
+    const uint64_t weight =
+        schedule::sequence_weight(q_off[b + 1] - q_off[b], kv_off[b + 1] - kv_off[b], {kTileM, kTileN});
+    ASSERT_EQ(keys[i], ((weight + 1) << layout.batch_bits) | static_cast<uint64_t>(batch - 1 - b)) << "position " << i;
   }
 }
 

@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -295,6 +296,53 @@ TEST(Scheduler, SortLongestFirst) {
   }
 }
 
+// (c') The forward plan's order: a permutation; each sequence's tiles contiguous; sequences by
+// weight non-increasing, ties by lower batch; inside a sequence q blocks last to first, heads
+// innermost.
+TEST(Scheduler, SortSequencesHeaviestFirst) {
+  const TileShape shape{64, 64};
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Batch batch = random_batch(seed);
+    std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), kHeads,
+                                          window(-1, 0), shape, Direction::kForward);
+    const std::vector<Tile> original = tiles;
+    std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
+    sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape);
+    ASSERT_EQ(tiles.size(), original.size());
+    auto weight = [&](int32_t b) {
+      return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b], batch.kv_offsets[b + 1] - batch.kv_offsets[b],
+                             shape);
+    };
+    std::set<int32_t> finished;  // sequences whose tiles have all gone by
+    for (size_t t = 1; t < tiles.size(); ++t) {
+      const Tile& a = tiles[t - 1];
+      const Tile& b = tiles[t];
+      if (a.batch != b.batch) {
+        ASSERT_TRUE(finished.insert(a.batch).second) << "sequence " << a.batch << " split at position " << t;
+        ASSERT_EQ(finished.count(b.batch), 0u) << "sequence " << b.batch << " split at position " << t;
+        ASSERT_GE(weight(a.batch), weight(b.batch)) << "position " << t;
+        if (weight(a.batch) == weight(b.batch)) {
+          ASSERT_LT(a.batch, b.batch) << "position " << t;
+        }
+      } else {
+        ASSERT_TRUE(a.block > b.block || (a.block == b.block && a.head < b.head)) << "position " << t;
+      }
+    }
+    auto key = [](const Tile& t) { return std::make_tuple(t.batch, t.head, t.block); };
+    std::vector<Tile> back = tiles;
+    std::sort(back.begin(), back.end(), [&](const Tile& x, const Tile& y) { return key(x) < key(y); });
+    for (size_t t = 0; t < back.size(); ++t) {
+      ASSERT_EQ(key(back[t]), key(original[t]));
+      ASSERT_EQ(back[t].cost, original[t].cost);
+    }
+  }
+  // Saturation: a weight never reaches 2^32 - 1, so weight + 1 fits the key's 32 bits.
+  EXPECT_EQ(sequence_weight(int64_t(1) << 40, int64_t(1) << 40, {1, 1}), 0xFFFFFFFEull);
+  EXPECT_EQ(sequence_weight(0, 100, {64, 64}), 0u);
+  EXPECT_EQ(sequence_weight(129, 65, {64, 64}), 3u * 2u);
+}
+
 // (d) The snake: every tile once, round r forward or backward over the SMs, each SM's tiles in
 // list order.
 TEST(Scheduler, ZigzagAssign) {
@@ -386,6 +434,14 @@ TEST(Scheduler, MakespanOnBenchmarkDistributions) {
                   << std::setprecision(4) << zigzag << std::setw(10) << dynamic << "\n";
         EXPECT_LE(zigzag, 4.0 / 3.0);
         EXPECT_LE(dynamic, 4.0 / 3.0);
+        if (d == Direction::kForward) {
+          // The forward plan's order (sequences together) under the dynamic schedule it runs.
+          sort_sequences_heaviest_first(tiles, offsets.data(), offsets.data(), shape);
+          const double grouped = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
+          std::cout << std::left << std::setw(35) << "  forward plan order, dynamic" << std::right << std::setw(30)
+                    << std::setprecision(4) << grouped << "\n";
+          EXPECT_LE(grouped, 4.0 / 3.0);
+        }
       }
     }
   }

@@ -88,6 +88,22 @@ void sort_longest_first(std::vector<Tile>& tiles) {
   });
 }
 
+void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets, const int32_t* kv_offsets,
+                                   TileShape shape) {
+  auto weight = [&](int32_t b) {
+    return sequence_weight(int64_t(q_offsets[b + 1]) - q_offsets[b], int64_t(kv_offsets[b + 1]) - kv_offsets[b], shape);
+  };
+  std::sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
+    if (a.batch != b.batch) {
+      const uint64_t wa = weight(a.batch), wb = weight(b.batch);
+      if (wa != wb) return wa > wb;
+      return a.batch < b.batch;
+    }
+    if (a.block != b.block) return a.block > b.block;
+    return a.head < b.head;
+  });
+}
+
 std::vector<std::vector<int32_t>> zigzag_assign(const std::vector<Tile>& tiles, int num_sms) {
   check_num_sms(num_sms, "zigzag_assign");
   std::vector<std::vector<int32_t>> assignment(static_cast<size_t>(num_sms));

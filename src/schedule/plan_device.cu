@@ -1,5 +1,7 @@
 #include "schedule/plan_device.hpp"
 
+#include "schedule/plan.hpp"
+
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -53,14 +55,17 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
   return lo;
 }
 
-// Each pair gets its (batch, block) and its sort key cost + 1; the unused tail of the arrays
-// gets key 0 so the descending sort leaves it after every real pair. One thread per pair (not
-// per sequence): a single long sequence would otherwise fill its hundreds of pairs serially
-// (47 us for onegiant's 16384-token sequence, measured on the H200).
+// Each pair gets its (batch, block) and its sort key: (sequence weight + 1) above the batch
+// index counted from the end, so the descending sort puts the heaviest sequence first, ties by
+// lower batch, and keeps each sequence's pairs together in fill order: q blocks last to first
+// (schedule::sort_sequences_heaviest_first is the definition). The unused tail of the arrays
+// gets key 0 so it stays after every real pair. One thread per pair (not per sequence): a
+// single long sequence would otherwise fill its hundreds of pairs serially (47 us for
+// onegiant's 16384-token sequence, measured on the H200).
 __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                                  MaskPolicy mask, int tile_m, int tile_n, int64_t max_pairs,
+                                  int tile_m, int tile_n, int batch_bits, int64_t max_pairs,
                                   const int32_t* error_flag, const int32_t* pair_offset, const int32_t* num_pairs,
-                                  int32_t* pair_batch, int32_t* pair_block, uint32_t* keys, int32_t* vals) {
+                                  int32_t* pair_batch, int32_t* pair_block, uint64_t* keys, int32_t* vals) {
   if (*error_flag) return;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int32_t pairs = *num_pairs;
@@ -72,10 +77,11 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
     }
     const int32_t b = owner_of_pair(pair_offset, batch_size, static_cast<int32_t>(i));
     const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
-    const int32_t m = static_cast<int32_t>(i) - pair_offset[b];
+    const int32_t q_blocks = (lq + tile_m - 1) / tile_m;
     pair_batch[i] = b;
-    pair_block[i] = m;
-    keys[i] = static_cast<uint32_t>(mask.kv_blocks_of_q_block(m, tile_m, tile_n, lq, lk).size()) + 1u;
+    pair_block[i] = q_blocks - 1 - (static_cast<int32_t>(i) - pair_offset[b]);
+    const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
+    keys[i] = ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
   }
 }
 
@@ -85,11 +91,18 @@ DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t
                                         int tile_m, int tile_n) {
   DevicePlanLayout l;
   l.max_pairs = total_q / tile_m + batch_size + 1;
-  // A pair's cost is at most its sequence's KV block count: fewer key bits, fewer radix passes.
-  const uint64_t max_key = static_cast<uint64_t>(total_kv / tile_n) + 2;
-  l.sort_end_bit = 1;
-  while (l.sort_end_bit < 32 && (max_key >> l.sort_end_bit) != 0) ++l.sort_end_bit;
+  // Key bits: the batch index, and above it the weight + 1 of the heaviest possible sequence
+  // (all rows in one): no more bits than that, so no more radix passes.
+  auto bits_of = [](uint64_t v) {
+    int bits = 1;
+    while (bits < 64 && (v >> bits) != 0) ++bits;
+    return bits;
+  };
+  l.batch_bits = bits_of(static_cast<uint64_t>(batch_size));
+  const uint64_t max_weight = sequence_weight(total_q, total_kv, TileShape{tile_m, tile_n});
+  l.sort_end_bit = l.batch_bits + bits_of(max_weight + 1);
   const size_t ints = static_cast<size_t>(l.max_pairs) * sizeof(int32_t);
+  const size_t keys = static_cast<size_t>(l.max_pairs) * sizeof(uint64_t);
   size_t cursor = align_up(base);
   auto take = [&](size_t bytes) {
     const size_t at = cursor;
@@ -101,13 +114,13 @@ DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t
   l.tile_counter = take(sizeof(int32_t));
   l.pair_batch = take(ints);
   l.pair_block = take(ints);
-  l.keys_in = take(ints);
-  l.keys_out = take(ints);
+  l.keys_in = take(keys);
+  l.keys_out = take(keys);
   l.vals_in = take(ints);
   l.vals_out = take(ints);
   // Host-side size query only: CUB reads nothing from the (null) arrays here.
-  cub::DeviceRadixSort::SortPairsDescending(nullptr, l.sort_temp_bytes, static_cast<const uint32_t*>(nullptr),
-                                            static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, l.sort_temp_bytes, static_cast<const uint64_t*>(nullptr),
+                                            static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                                             static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs), 0,
                                             l.sort_end_bit);
   l.sort_temp = take(l.sort_temp_bytes);
@@ -121,7 +134,7 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
 }
 
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               const MaskPolicy& mask, int tile_m, int tile_n, const int32_t* error_flag,
+                               int tile_m, int tile_n, const int32_t* error_flag,
                                void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
   count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag,
                                                      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs));
@@ -129,15 +142,16 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
   if (err != cudaSuccess) return err;
   const int fill_blocks = static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
   fill_pairs_kernel<<<fill_blocks, 256, 0, stream>>>(
-      q_offsets, kv_offsets, batch_size, mask, tile_m, tile_n, l.max_pairs, error_flag,
+      q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.max_pairs, error_flag,
       at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs), at<int32_t>(workspace, l.pair_batch),
-      at<int32_t>(workspace, l.pair_block), at<uint32_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
+      at<int32_t>(workspace, l.pair_block), at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  // Radix sort is stable: equal costs keep (batch, block) order, so the plan is deterministic.
+  // Radix sort is stable: a sequence's pairs (equal keys) keep their fill order, so the plan is
+  // deterministic.
   size_t temp_bytes = l.sort_temp_bytes;
   err = cub::DeviceRadixSort::SortPairsDescending(at<void>(workspace, l.sort_temp), temp_bytes,
-                                                  at<uint32_t>(workspace, l.keys_in), at<uint32_t>(workspace, l.keys_out),
+                                                  at<uint64_t>(workspace, l.keys_in), at<uint64_t>(workspace, l.keys_out),
                                                   at<int32_t>(workspace, l.vals_in), at<int32_t>(workspace, l.vals_out),
                                                   static_cast<int>(l.max_pairs), 0, l.sort_end_bit, stream);
   if (err != cudaSuccess) return err;

@@ -1,5 +1,6 @@
-// The forward's plan built on the GPU: (batch, q block) pairs with their cost in KV blocks,
-// sorted longest first, read by the persistent kernel through an atomic tile counter. Built
+// The forward's plan built on the GPU: (batch, q block) pairs in schedule::
+// sort_sequences_heaviest_first's order (heaviest sequence first, a sequence's pairs together),
+// read by the persistent kernel through an atomic tile counter (tile = pair x heads + head). Built
 // from device offsets by small kernels and a CUB radix sort: no host sync, capturable in a CUDA
 // graph, and reusable by later calls with the same offsets (the plan lives in the workspace).
 #pragma once
@@ -19,7 +20,8 @@ struct DevicePlanLayout {
   size_t pair_offset = 0, num_pairs = 0, tile_counter = 0, pair_batch = 0, pair_block = 0;
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, sort_temp = 0;
   size_t sort_temp_bytes = 0;
-  int sort_end_bit = 32;  // keys (cost + 1) never exceed total_kv / tile_n + 2: sort only those bits
+  int batch_bits = 1;     // low key bits: the batch index from the end
+  int sort_end_bit = 64;  // the bits above: the sequence weight + 1, up to the heaviest possible
   size_t total_bytes = 0;
 
   // Offsets from `base` (a 256-byte aligned offset inside the workspace).
@@ -28,7 +30,7 @@ struct DevicePlanLayout {
 };
 
 struct DevicePlan {
-  const int32_t* sorted_pairs;  // pair indices, longest first
+  const int32_t* sorted_pairs;  // pair indices in plan order
   const int32_t* pair_batch;
   const int32_t* pair_block;
   const int32_t* num_pairs;
@@ -39,7 +41,7 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& layout);
 
 // Builds the plan (skipped entirely when *error_flag is set by the offsets check).
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               const MaskPolicy& mask, int tile_m, int tile_n, const int32_t* error_flag,
+                               int tile_m, int tile_n, const int32_t* error_flag,
                                void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);
 
 // Resets the tile counter: each launch of the persistent kernel starts from the first tile.

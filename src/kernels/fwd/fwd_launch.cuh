@@ -40,7 +40,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   const MaskPolicy mask = MaskPolicy::from(pb.mask, pb.window_left, pb.window_right);
 
   cudaError_t err = launch.build_plan
-                        ? schedule::build_forward_plan(pb.q_offsets, pb.kv_offsets, pb.batch_size, mask, Config::kBlockM,
+                        ? schedule::build_forward_plan(pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM,
                                                        Config::kBlockN, launch.error_flag, launch.workspace, launch.plan, stream)
                         : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
   if (err != cudaSuccess) return err;

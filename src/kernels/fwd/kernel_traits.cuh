@@ -75,7 +75,8 @@ struct KernelTraits {
   static constexpr uint32_t kKBytes = Config::kKVBlockBytes;  // one K (or V) block
 };
 
-// What one tile is, decoded from the plan the same way by the producer and the consumers.
+// What one tile is: decoded from the plan by the scheduler thread, read from the tile ring by the
+// producer and the consumers.
 struct TileInfo {
   int32_t batch;
   int32_t m_block;
@@ -141,7 +142,7 @@ struct Params {
   float scale;
   float scale_log2;
   const int32_t* error_flag;
-  // The plan (schedule/plan_device): (batch, q block) pairs sorted by cost, longest first.
+  // The plan (schedule/plan_device): (batch, q block) pairs, heaviest sequence first, a sequence's pairs together.
   const int32_t* sorted_pairs;
   const int32_t* pair_batch;
   const int32_t* pair_block;

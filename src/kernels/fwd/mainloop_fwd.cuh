@@ -63,7 +63,7 @@ __device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t ro
 // Takes the CTA's tiles from the plan and decodes them into the tile ring, ahead of the
 // producer: the atomic and the decode's dependent loads then overlap the loads and GEMMs of the
 // tiles before. It waits for a slot before taking a tile, so a CTA never holds more than
-// kTileSlots tiles the others could have taken (the last ones, the shortest, under longest first).
+// kTileSlots tiles the others could have taken (the last ones: the lightest sequences come last).
 template <class Traits>
 struct Scheduler {
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int pair) {

@@ -12,8 +12,8 @@ namespace jagflash::kernels::fwd {
 
 // How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
 enum class Schedule : int32_t {
-  kDynamic = 0,  // persistent; next tile of the longest-first plan through an atomic counter
-  kZigzag = 1,   // persistent; static snake over the longest-first plan (round r: SM c or N-1-c)
+  kDynamic = 0,  // persistent; next tile of the plan (heaviest sequence first) through an atomic counter
+  kZigzag = 1,   // persistent; static snake over the plan (round r: SM c or N-1-c)
   kGrid = 2      // one CTA per tile in (batch, block, head) order, no sorting: the plain grid
 };
 
