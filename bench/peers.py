@@ -53,9 +53,10 @@ class Jagflash(_Autograd):
         self.x, self.leaves, self.dout = x, (x.q, x.k, x.v), x.dout
 
     def forward(self):
-        # "device": no host sync per call, like the peers (which check nothing).
+        # "device": no host sync per call, like the peers (which check nothing). max_seqlen: the
+        # longest sequence, which FA2 and varlen_attn are given too (their API requires it).
         return jagflash.jagged_attention(self.x.q, self.x.k, self.x.v, self.x.offsets, causal=self.x.causal,
-                                         check_offsets="device")
+                                         check_offsets="device", max_seqlen_q=self.x.max_len)
 
 
 class FlashAttention2(_Implementation):

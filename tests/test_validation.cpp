@@ -101,6 +101,7 @@ std::vector<Case> problem_cases() {
       {"cuda device without gpu or with host pointers", p([](jf_problem& q) { q.device = JF_DEVICE_CUDA; }), JF_ERR_INVALID_ARGUMENT, {"expected"}},
       {"backend", [](Call& c) { c.fwd.launch.backend = c.bwd.launch.backend = static_cast<jf_backend>(8); }, JF_ERR_INVALID_ARGUMENT, {"launch.backend", "got 8"}},
       {"oracle on cpu", [](Call& c) { c.fwd.launch.backend = c.bwd.launch.backend = JF_BACKEND_ORACLE; }, JF_ERR_INVALID_ARGUMENT, {"launch.backend", "JF_DEVICE_CUDA"}},
+      {"negative max_seqlen_hint", [](Call& c) { c.fwd.launch.max_seqlen_hint = c.bwd.launch.max_seqlen_hint = -5; }, JF_ERR_INVALID_ARGUMENT, {"launch.max_seqlen_hint", ">= 0", "got -5"}},
       {"offsets check", [](Call& c) { c.fwd.launch.offsets_check = c.bwd.launch.offsets_check = static_cast<jf_offsets_check>(4); }, JF_ERR_INVALID_ARGUMENT, {"launch.offsets_check", "got 4"}},
   };
 }

@@ -78,5 +78,31 @@ TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
   EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), knobs).pairs, 1);
 }
 
+// A max_seqlen hint of at most 256 (every sequence short) picks the two-pair variant at both
+// head dims and masks; a longer or unknown (0) one keeps the default; a knob still wins.
+TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
+  const kernels::fwd::ForwardKnobs no_knobs;
+  for (int head_dim : {64, 128})
+    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) {
+      SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
+      jf_fwd_args a = call(head_dim, mask, 2048, 2048 * 136);
+      for (int32_t hint : {1, 136, kernels::fwd::kPairsMaxSeqlen}) {
+        a.launch.max_seqlen_hint = hint;
+        const ForwardVariant v = choose_forward_variant(a, no_knobs);
+        EXPECT_EQ(v.pairs, 2) << "hint " << hint;
+        EXPECT_EQ(v.warpgroups, 1) << "hint " << hint;
+        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << "hint " << hint;
+      }
+      for (int32_t hint : {0, kernels::fwd::kPairsMaxSeqlen + 1, 16384}) {
+        a.launch.max_seqlen_hint = hint;
+        EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << "hint " << hint;
+      }
+      kernels::fwd::ForwardKnobs one_pair;
+      one_pair.pairs = 1;
+      a.launch.max_seqlen_hint = 100;
+      EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1);
+    }
+}
+
 }  // namespace
 }  // namespace jagflash

@@ -309,8 +309,16 @@ int bench(const Options& o) {
   std::printf("| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : dists) {
     GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
-    const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
-    const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+    jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    // The longest sequence, as a caller with FlashAttention's max_seqlen passes it (the peers in
+    // bench/compare.py get it too); --no-max-seqlen-hint leaves it unknown.
+    if (o.max_seqlen_hint) {
+      int32_t longest = 0;
+      for (size_t b = 0; b < g.spec.len_q.size(); ++b)
+        longest = std::max({longest, g.q_offsets[b + 1] - g.q_offsets[b], g.kv_offsets[b + 1] - g.kv_offsets[b]});
+      fa.launch.max_seqlen_hint = ba.launch.max_seqlen_hint = longest;
+    }
     const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
     const double bwd_ms = o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
     const double flops = g.forward_flops();

@@ -23,7 +23,8 @@ struct Options {
   int warmup = 3;
   int scale_down = 8;  // check: lengths divided by this for the CPU-reference comparison
   uint64_t seed = 20261129;
-  float input_range = 1.f;  // q, k, v, dout drawn from U(-input_range, input_range)
+  float input_range = 1.f;
+  bool max_seqlen_hint = true;  // bench: pass the longest sequence as launch.max_seqlen_hint  // q, k, v, dout drawn from U(-input_range, input_range)
 };
 
 // Each returns the process exit code.

@@ -41,6 +41,8 @@ options:
   --warmup N              untimed iterations first (default 3)
   --scale-down K          check: divide lengths by K for the CPU comparison (default 8)
   --seed N                batch seed (default 20261129)
+  --no-max-seqlen-hint    bench: leave launch.max_seqlen_hint unknown (by default the longest
+                          sequence is passed, like FlashAttention's max_seqlen)
   --input-range A         q, k, v (and dout) drawn from U(-A, A) (default 1; 1.732 has the
                           unit variance of torch.randn, which the Python comparison uses)
   --cpu                   run: use the CPU reference even if a GPU is present
@@ -110,6 +112,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       if (o.scale_down < 1) throw std::invalid_argument("--scale-down: expected >= 1, got " + std::to_string(o.scale_down));
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(a, value()));
+    } else if (a == "--no-max-seqlen-hint") {
+      o.max_seqlen_hint = false;
     } else if (a == "--input-range") {
       const std::string v = value();
       try {

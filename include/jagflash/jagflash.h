@@ -94,6 +94,10 @@ typedef struct jf_launch {
   /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
    * for the same offsets, shapes and mask, so it is not built again (saves its kernels). */
   int32_t reuse_plan;
+  /* 0 = unknown; otherwise an upper bound on every sequence's q and kv length (FlashAttention's
+   * max_seqlen). A hint for choosing the forward's kernel variant: it changes speed, never
+   * results, and a wrong value is not detected (the kernels serve any length). */
+  int32_t max_seqlen_hint;
 } jf_launch;
 
 typedef struct jf_fwd_args {

@@ -81,6 +81,7 @@ class Launch(ctypes.Structure):
         ("offsets_check", c_enum),
         ("backend", c_enum),
         ("reuse_plan", ctypes.c_int32),
+        ("max_seqlen_hint", ctypes.c_int32),
     ]
 
 

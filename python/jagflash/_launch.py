@@ -103,10 +103,11 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
 
 
-def _call(size_fn, run_fn, args, device, check_mode):
+def _call(size_fn, run_fn, args, device, check_mode, max_seqlen):
     """Workspace query, allocation on the device, then the call; returns the workspace."""
     lib = _lib.lib()
     args.launch.stream = _stream(device)
+    args.launch.max_seqlen_hint = max_seqlen
     args.launch.offsets_check = _offsets_check.launch_value(check_mode, device)
     args.launch.backend = _capi.BACKEND_AUTO
     nbytes = ctypes.c_size_t(0)
@@ -123,8 +124,9 @@ def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode):
-    """out [total_q, H, D] (q's dtype) and lse [H, total_q] (float32)."""
+def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
+    """out [total_q, H, D] (q's dtype) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
+    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint)."""
     check_inputs(q, k, v, q_offsets, kv_offsets)
     q, k, v = _prepared(q), _prepared(k), _prepared(v)
     q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
@@ -137,12 +139,13 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
     )
     lib = _lib.lib()
     with _device_guard(q.device):
-        workspace = _call(lib.jagflash_fwd_workspace_size, lib.jagflash_fwd, args, q.device, check_mode)
+        workspace = _call(lib.jagflash_fwd_workspace_size, lib.jagflash_fwd, args, q.device, check_mode, max_seqlen)
     _offsets_check.remember("forward", check_mode, workspace)
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode):
+def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
+             max_seqlen=0):
     """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads."""
     check_inputs(q, k, v, q_offsets, kv_offsets)
     for name, t in (("dout", dout), ("out", out)):
@@ -170,6 +173,6 @@ def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, 
     )
     lib = _lib.lib()
     with _device_guard(q.device):
-        workspace = _call(lib.jagflash_bwd_workspace_size, lib.jagflash_bwd, args, q.device, check_mode)
+        workspace = _call(lib.jagflash_bwd_workspace_size, lib.jagflash_bwd, args, q.device, check_mode, max_seqlen)
     _offsets_check.remember("backward", check_mode, workspace)
     return dq, dk, dv

@@ -23,6 +23,16 @@ def _scale(scale):
     return float(scale)
 
 
+def _max_seqlen_hint(max_seqlen_q, max_seqlen_kv):
+    """The C API's max_seqlen_hint: the larger bound when both are given, else 0 (unknown)."""
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31):
+            raise invalid_argument(name, "None or an int in [0, 2^31)", repr(value))
+    if max_seqlen_q is None or max_seqlen_kv is None:
+        return 0
+    return max(max_seqlen_q, max_seqlen_kv)
+
+
 def jagged_attention(
     q,
     k,
@@ -51,18 +61,21 @@ def jagged_attention(
     and zero gradients.
     scale: defaults to 1/sqrt(D).
     return_lse: also return lse [H, total_q] float32 (natural log; not differentiable).
-    max_seqlen_q / max_seqlen_kv: accepted for FlashAttention compatibility and unused: jagflash
-    needs no host-side maximum.
+    max_seqlen_q / max_seqlen_kv: optional, as in FlashAttention: upper bounds on the q and kv
+    lengths (max_seqlen_kv defaults to max_seqlen_q when kv_offsets is None). jagflash needs no
+    host-side maximum; when both are known they are a hint for the choice of forward kernel
+    (batches of short sequences get 64-row tiles). A hint changes speed, never results, and
+    is not checked against the offsets.
     check_offsets: "auto" | "host" | "device", None for the module setting (see
     jagflash.set_check_offsets).
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     """
-    del max_seqlen_q, max_seqlen_kv
+    hint = _max_seqlen_hint(max_seqlen_q, max_seqlen_q if kv_offsets is None and max_seqlen_kv is None else max_seqlen_kv)
     mask, window_left, window_right = mask_args(causal, window)
     q_offsets_i32 = _offsets("q_offsets", q_offsets)
     kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-            _offsets_check.resolve(check_offsets))
+            _offsets_check.resolve(check_offsets), hint)
     if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
         out, lse = ops.EagerAttention.apply(*args)
     else:

@@ -26,14 +26,17 @@ def fwd(
     window_right: int,
     scale: float,
     check_offsets: str,
+    max_seqlen: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """out [total_q, H, D] and lse [H, total_q] float32. The lse is always produced: the
-    backward needs it."""
-    return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets)
+    backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
+    the choice of kernel."""
+    return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+                           max_seqlen)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
+def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     total_q, heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
@@ -54,15 +57,18 @@ def bwd(
     window_right: int,
     scale: float,
     check_offsets: str,
+    max_seqlen: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from dout and the forward's out and lse."""
     return _launch.backward(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets
+        dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+        max_seqlen,
     )
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
+def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+              max_seqlen=0):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -80,7 +86,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dlse):
     q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
     dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -94,8 +100,8 @@ class EagerAttention(torch.autograd.Function):
     the registered op, which is what gives those their fake kernel and opcheck guarantees."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets):
-        scalars = (mask, window_left, window_right, scale, check_offsets)
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen):
+        scalars = (mask, window_left, window_right, scale, check_offsets, max_seqlen)
         out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars)
         _setup_context(ctx, (q, k, v, q_offsets, kv_offsets, *scalars), (out, lse))
         return out, lse
@@ -104,7 +110,7 @@ class EagerAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
         dq, dk, dv = _launch.backward(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def eager_fast_path_allowed(*tensors) -> bool:

@@ -138,3 +138,19 @@ def test_compile_with_cuda_graphs():
         out.backward(static.dout)
         _check((out.detach().clone(), q.grad, k.grad, v.grad), static, q_lengths, kv_lengths)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_short_max_seqlen_hint_gives_the_same_attention(head_dim, causal):
+    """max_seqlen <= 256 picks another forward kernel (64-row tiles, two per CTA): it must match
+    the reference like the default one, including length-0 and length-1 sequences."""
+    lengths = [17, 0, 1, 200, 64, 65, 129, 256, 3, 97]
+    batch = make_batch(61, q_lengths=lengths, heads=4, head_dim=head_dim, device="cuda")
+    tol_out, _ = TOLERANCES[batch.q.dtype]
+    want, want_lse, *_ = reference(batch, causal=causal)
+    for hint in (max(lengths), 300):
+        out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, causal=causal,
+                                             max_seqlen_q=hint, return_lse=True)
+        assert_close(f"out (max_seqlen {hint})", out, want, tol_out, batch.seed)
+        assert_close(f"lse (max_seqlen {hint})", lse, want_lse, tol_out, batch.seed)

@@ -126,3 +126,14 @@ def test_check_offsets_setting_round_trips():
 def test_cpu_is_checked_on_the_host_even_in_device_mode(batch):
     with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.q_offsets\[0\]"):
         _call(batch, q_offsets=offsets_of([4, 0, 6]) + 1, check_offsets="device")
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"max_seqlen_q": -1}, "max_seqlen_q"),
+    ({"max_seqlen_q": 8, "max_seqlen_kv": 2.5}, "max_seqlen_kv"),
+    ({"max_seqlen_q": True}, "max_seqlen_q"),
+    ({"max_seqlen_q": 2**31}, "max_seqlen_q"),
+])
+def test_bad_max_seqlen(batch, kwargs, name):
+    with pytest.raises(jagflash.InvalidArgumentError, match=rf"{name}: expected None or an int in \[0, 2\^31\)"):
+        _call(batch, **kwargs)

@@ -157,6 +157,7 @@ void check_launch(const jf_launch& l, const jf_problem& p) {
   if ((l.backend == JF_BACKEND_ORACLE || l.backend == JF_BACKEND_HOPPER) && p.device != JF_DEVICE_CUDA)
     fail_argument("launch.backend", "a GPU backend only with problem.device = JF_DEVICE_CUDA",
                   device_name(p.device));
+  if (l.max_seqlen_hint < 0) fail_argument("launch.max_seqlen_hint", ">= 0 (0 = unknown)", l.max_seqlen_hint);
 }
 
 void check_workspace(const jf_launch& l, const jf_problem& p, size_t needed) {

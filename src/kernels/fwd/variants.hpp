@@ -67,6 +67,11 @@ struct ForwardKnobs {
 //  - everything else: two warpgroups, 128-key blocks, no ping-pong. (64-key blocks won only on
 //    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
 //    on short: 198.6 vs 198.4 TFLOP/s.)
+//  - a max_seqlen hint of at most kPairsMaxSeqlen (every sequence that short): two independent
+//    single-warpgroup pairs with 64-row tiles (session 9, on short, lengths 16..256: +7% / +15%
+//    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
+//    without the hint the host cannot tell a batch of short sequences from one with a long tail.
+inline constexpr int32_t kPairsMaxSeqlen = 256;
 inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
@@ -74,6 +79,8 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const Forward
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
   if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
+  const int32_t hint = a.launch.max_seqlen_hint;
+  if (hint > 0 && hint <= kPairsMaxSeqlen) v.pairs = 2;
   if (k.pairs != 0) v.pairs = k.pairs;
   if (v.pairs == 2) {  // one warpgroup per tile; 64-key blocks at D = 128 (shared memory)
     v.warpgroups = 1;
