@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from a build carried from the build machine (build/): runs the GPU tests,
 # `jagflash check` on the five distributions, `jagflash run` and `jagflash bench`; logs go to
-# $OUT (or ./gpu-logs); a short table is printed last.
+# $OUT (or ./gpu-logs), bundled into gpu-check-logs.tar.gz at the end; a short table is printed last.
 #   usage: scripts/gpu-check.sh [build-dir]      (set QUICK=1 to skip check/bench)
 #   SANITIZE=1 adds compute-sanitizer; VARIANTS=1 benches schedule x ping-pong (VARIANT_SCHEDULES
 #   narrows the schedules, e.g. "dynamic").
@@ -69,4 +69,11 @@ for f in run.log bench.log bench_causal.log variants.log memcheck.log racecheck.
 done
 echo "==== summary ($(head -2 "$out/gpu.txt" | tail -1))"
 print_summary
+# The device tool hands back at most 8 files from $OUT: the ~20 logs travel as one archive, so
+# that a later step of the same call (gpu-python.sh's compare.json and chart) still comes back.
+# BUNDLE_LOGS=0 leaves them loose.
+if [ "${BUNDLE_LOGS:-1}" = 1 ]; then
+  (cd "$out" && ls -- *.log *.txt *.csv 2>/dev/null | tar czf gpu-check-logs.tar.gz --remove-files -T -) ||
+    echo "gpu-check: could not bundle the logs in $out" >&2
+fi
 summary_passed
