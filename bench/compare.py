@@ -190,7 +190,7 @@ def run(args, out_dir):
     generator = torch.Generator(device=device).manual_seed(args.seed)
     for dist, lengths in all_lengths.items():
         total = sum(lengths)
-        offsets = torch.tensor([0] + list(_cumsum(lengths)), dtype=torch.int32, device=device)
+        offsets = peers.offsets_of(lengths, device)
         for head_dim in args.head_dims:
             def rnd():
                 return torch.randn((total, args.heads, head_dim), generator=generator, device=device).to(dtype)
@@ -217,13 +217,6 @@ def run(args, out_dir):
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return meta, rows
-
-
-def _cumsum(values):
-    acc = 0
-    for n in values:
-        acc += n
-        yield acc
 
 
 def _progress(row, seconds):

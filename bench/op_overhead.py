@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 import jagflash  # noqa: E402
+import peers  # noqa: E402
 
 
 def events_ms(fn, calls):
@@ -54,7 +55,7 @@ def main():
     for dist in args.dists:
         lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
         total = sum(lengths)
-        offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+        offsets = peers.offsets_of(lengths, "cuda")
         def draw():
             shape = (total, 16, args.head_dim)
             if args.inputs == "uniform":

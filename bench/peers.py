@@ -8,6 +8,7 @@ All of them see the same q, k, v, dout and offsets (inputs). FlexAttention runs 
 one common length, so that it compiles once per (head dim, mask) instead of once per batch; its
 block mask lists no block of the padding, so the padding costs it (almost) nothing.
 """
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,11 @@ class Inputs:
     @property
     def max_len(self):
         return max(self.lengths, default=0)
+
+
+def offsets_of(lengths, device):
+    """The int32 [B+1] offsets of a batch's lengths, on the device (what every implementation takes)."""
+    return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
 
 
 class _Implementation:

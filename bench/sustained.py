@@ -26,6 +26,21 @@ import jagflash  # noqa: E402
 import peers  # noqa: E402
 
 
+def median_clock_power(lines):
+    """Median SM clock (MHz) and power (W) of nvidia-smi's "clock, power" lines; lines it could
+    not fill ("[N/A]", a partial last line) are skipped; NaN when none is left."""
+    rows = []
+    for line in lines:
+        try:
+            clock, power = (float(x) for x in line.split(","))
+        except ValueError:
+            continue
+        rows.append((clock, power))
+    if not rows:
+        return float("nan"), float("nan")
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+
+
 class Sampler:
     """nvidia-smi's SM clock and power every 50 ms while the block runs."""
 
@@ -37,10 +52,7 @@ class Sampler:
 
     def __exit__(self, *exc):
         self.proc.terminate()
-        lines = self.proc.communicate()[0].splitlines()
-        rows = [[float(x) for x in line.split(",")] for line in lines if line.count(",") == 1]
-        self.clock = statistics.median(r[0] for r in rows) if rows else float("nan")
-        self.power = statistics.median(r[1] for r in rows) if rows else float("nan")
+        self.clock, self.power = median_clock_power(self.proc.communicate()[0].splitlines())
 
 
 def isolated_ms(fn, samples=15):
@@ -85,7 +97,7 @@ def main():
     for dist in args.dists:
         lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
         total = sum(lengths)
-        offsets = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        offsets = peers.offsets_of(lengths, "cuda")
         q, k, v, dout = (torch.randn((total, 16, 128), generator=gen, device="cuda").to(torch.bfloat16)
                          for _ in range(4))
         inputs = peers.Inputs(q, k, v, dout, offsets, lengths, args.causal, 0)
