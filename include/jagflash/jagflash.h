@@ -92,11 +92,14 @@ typedef struct jf_launch {
   jf_offsets_check offsets_check;
   jf_backend backend;
   /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
-   * for the same offsets, shapes and mask, so it is not built again (saves its kernels). */
+   * for the same offsets, shapes, mask and max_seqlen_hint, so it is not built again (saves its
+   * kernels). The schedule's tiles follow the kernel variant those choose: reusing it under
+   * others is not detected and gives wrong results. */
   int32_t reuse_plan;
   /* 0 = unknown; otherwise an upper bound on every sequence's q and kv length (FlashAttention's
    * max_seqlen). A hint for choosing the forward's kernel variant: it changes speed, never
-   * results, and a wrong value is not detected (the kernels serve any length). */
+   * results, and a wrong value is not detected (the kernels serve any length). A call that
+   * reuses a plan (reuse_plan) must pass the hint of the call that built it. */
   int32_t max_seqlen_hint;
 } jf_launch;
 

@@ -58,8 +58,9 @@ struct ForwardKnobs {
   }
 };
 
-// The default choice, then the knobs. Depends only on the call's shapes and mask (never on
-// offsets values, which live on the device), so calls that reuse a plan get the same variant.
+// The default choice, then the knobs. Depends only on the call's shapes, mask and
+// max_seqlen_hint (never on offsets values, which live on the device), so calls that reuse a
+// plan with the same ones get the same variant (jf_launch.reuse_plan's contract).
 // Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, session 7):
 //  - D = 64 without a mask: three consumer warpgroups (192-row tiles). With Q double-buffered
 //    they won on all five distributions (+4% short to +17% gemskew); with a causal or window
