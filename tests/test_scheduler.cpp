@@ -298,17 +298,18 @@ TEST(Scheduler, SortLongestFirst) {
 
 // (c') The forward plan's order: a permutation; each sequence's tiles contiguous; sequences by
 // weight non-increasing, ties by lower batch; inside a sequence q blocks last to first, heads
-// innermost.
+// innermost, or (heads_outer) head by head.
 TEST(Scheduler, SortSequencesHeaviestFirst) {
   const TileShape shape{64, 64};
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    SCOPED_TRACE("seed " + std::to_string(seed));
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    const bool heads_outer = seed % 2 == 0;
+    SCOPED_TRACE("seed " + std::to_string(seed) + (heads_outer ? " heads outer" : " heads inner"));
     const Batch batch = random_batch(seed);
     std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), kHeads,
                                           window(-1, 0), shape, Direction::kForward);
     const std::vector<Tile> original = tiles;
     std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
-    sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape);
+    sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
     ASSERT_EQ(tiles.size(), original.size());
     auto weight = [&](int32_t b) {
       return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b], batch.kv_offsets[b + 1] - batch.kv_offsets[b],
@@ -326,7 +327,11 @@ TEST(Scheduler, SortSequencesHeaviestFirst) {
           ASSERT_LT(a.batch, b.batch) << "position " << t;
         }
       } else {
-        ASSERT_TRUE(a.block > b.block || (a.block == b.block && a.head < b.head)) << "position " << t;
+        if (heads_outer) {
+          ASSERT_TRUE(a.head < b.head || (a.head == b.head && a.block > b.block)) << "position " << t;
+        } else {
+          ASSERT_TRUE(a.block > b.block || (a.block == b.block && a.head < b.head)) << "position " << t;
+        }
       }
     }
     auto key = [](const Tile& t) { return std::make_tuple(t.batch, t.head, t.block); };
@@ -338,9 +343,40 @@ TEST(Scheduler, SortSequencesHeaviestFirst) {
     }
   }
   // Saturation: a weight never reaches 2^32 - 1, so weight + 1 fits the key's 32 bits.
+  // (Below: tile_in_sequence, the kernels' decoding of this order from the pair-only plan.)
   EXPECT_EQ(sequence_weight(int64_t(1) << 40, int64_t(1) << 40, {1, 1}), 0xFFFFFFFEull);
   EXPECT_EQ(sequence_weight(0, 100, {64, 64}), 0u);
   EXPECT_EQ(sequence_weight(129, 65, {64, 64}), 3u * 2u);
+}
+
+// (c'') The kernels see the plan as (batch, q block) pairs in this order (one head) and decode
+// tile t of pairs x heads with tile_in_sequence: that must give the order with heads exactly.
+TEST(Scheduler, TileInSequenceDecodesThePlanOrder) {
+  const TileShape shape{64, 64};
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Batch batch = random_batch(seed);
+    for (const int heads : {1, 3, kHeads})
+    for (const bool heads_outer : {false, true}) {
+      std::vector<Tile> pairs = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), 1,
+                                            window(-1, 0), shape, Direction::kForward);
+      std::vector<Tile> want = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), heads,
+                                           window(-1, 0), shape, Direction::kForward);
+      sort_sequences_heaviest_first(pairs, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
+      sort_sequences_heaviest_first(want, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
+      ASSERT_EQ(want.size(), pairs.size() * static_cast<size_t>(heads));
+      for (size_t t = 0; t < want.size(); ++t) {
+        const Tile& pair = pairs[t / static_cast<size_t>(heads)];
+        const int32_t len_q = batch.q_offsets[pair.batch + 1] - batch.q_offsets[pair.batch];
+        const TileInSequence at =
+            tile_in_sequence(static_cast<int32_t>(t), heads, pair.block, (len_q + shape.tile_m - 1) / shape.tile_m,
+                             heads_outer);
+        ASSERT_EQ(pair.batch, want[t].batch) << "tile " << t << " heads " << heads << " outer " << heads_outer;
+        ASSERT_EQ(at.head, want[t].head) << "tile " << t << " heads " << heads << " outer " << heads_outer;
+        ASSERT_EQ(at.block, want[t].block) << "tile " << t << " heads " << heads << " outer " << heads_outer;
+      }
+    }
+  }
 }
 
 // (d) The snake: every tile once, round r forward or backward over the SMs, each SM's tiles in
@@ -436,7 +472,7 @@ TEST(Scheduler, MakespanOnBenchmarkDistributions) {
         EXPECT_LE(dynamic, 4.0 / 3.0);
         if (d == Direction::kForward) {
           // The forward plan's order (sequences together) under the dynamic schedule it runs.
-          sort_sequences_heaviest_first(tiles, offsets.data(), offsets.data(), shape);
+          sort_sequences_heaviest_first(tiles, offsets.data(), offsets.data(), shape, mask.policy.is_full());
           const double grouped = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
           std::cout << std::left << std::setw(35) << "  forward plan order, dynamic" << std::right << std::setw(30)
                     << std::setprecision(4) << grouped << "\n";

@@ -89,7 +89,7 @@ void sort_longest_first(std::vector<Tile>& tiles) {
 }
 
 void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets, const int32_t* kv_offsets,
-                                   TileShape shape) {
+                                   TileShape shape, bool heads_outer) {
   auto weight = [&](int32_t b) {
     return sequence_weight(int64_t(q_offsets[b + 1]) - q_offsets[b], int64_t(kv_offsets[b + 1]) - kv_offsets[b], shape);
   };
@@ -99,6 +99,7 @@ void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_of
       if (wa != wb) return wa > wb;
       return a.batch < b.batch;
     }
+    if (heads_outer && a.head != b.head) return a.head < b.head;
     if (a.block != b.block) return a.block > b.block;
     return a.head < b.head;
   });

@@ -49,12 +49,36 @@ JF_HD uint64_t sequence_weight(int64_t lq, int64_t lk, TileShape shape) {
 
 // The forward plan's order: sequences by weight, heaviest first (ties: lower batch first); the
 // tiles of one sequence together, q blocks last to first (the costliest first under causal and
-// bottom-right windows), heads innermost. A sequence's tiles then run at the same time, so its
-// K and V come from DRAM once and from L2 for the other tiles; ordering every tile by its own
-// cost spreads a causal sequence's tiles over the whole run (uniform1k causal read its K and V
-// 3.3 times from DRAM, measured with ncu on the H200).
+// bottom-right windows). A sequence's tiles then run at the same time, so its K and V come from
+// DRAM once and from L2 for the other tiles; ordering every tile by its own cost spreads a
+// causal sequence's tiles over the whole run (uniform1k causal read its K and V 3.3 times from
+// DRAM, measured with ncu on the H200). Inside a sequence, without a mask (heads_outer) head by
+// head, so a long sequence's CTAs share one head's K and V at a time (onegiant +4%, and the
+// clock under the power cap rose 1560 -> 1695 MHz); with a mask heads innermost, so the
+// costliest q blocks of every head go first (head by head lost 6% on onegiant causal, where the
+// last head's costliest tiles started late).
 void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets, const int32_t* kv_offsets,
-                                   TileShape shape);
+                                   TileShape shape, bool heads_outer);
+
+// Where plan tile `tile` (of pairs x heads) lies inside its sequence, in the order above. The
+// device plan lists (batch, q block) pairs only, a sequence's pairs adjacent and last q block
+// first; tile / heads is then a position inside the tile's own sequence, and from the q block of
+// the pair at that position (block_at_pos) and the sequence's q block count the sequence's first
+// position follows, and with it the tile's head and q block. Host and device.
+struct TileInSequence {
+  int32_t head;
+  int32_t block;
+};
+// 32-bit, as the kernels' tile index: pairs x heads is about total_q x heads / 64, far below 2^31
+// for any Q that fits in GPU memory; 64-bit division added ~530 SASS instructions to every
+// forward kernel.
+JF_HD TileInSequence tile_in_sequence(int32_t tile, int32_t heads, int32_t block_at_pos, int32_t q_blocks,
+                                     bool heads_outer) {
+  if (!heads_outer) return {tile % heads, block_at_pos};
+  const int32_t first = tile / heads - (q_blocks - 1 - block_at_pos);  // the sequence's first position
+  const int32_t local = tile - first * heads;                          // in [0, q_blocks x heads)
+  return {local / q_blocks, q_blocks - 1 - local % q_blocks};
+}
 
 // Static snake assignment: round r hands tiles [r*N, r*N+N) to SMs 0..N-1 (r even) or N-1..0
 // (r odd). Returns, per SM, the indices into `tiles` in the order that SM runs them.
