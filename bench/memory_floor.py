@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""How fast can a forward on this batch be, if it only had to move its bytes? The memory floor of
+each distribution next to jagflash's and FA2's forward, in one process.
+
+A forward must read Q, K and V once and write O once; on batches of short sequences (`short`:
+2048 sequences of 16..256 tokens) that traffic, not the tensor cores, is what the time is made
+of. The floor is timed as `torch.addcmul(q, k, v, out=o)`: an elementwise kernel with exactly
+that traffic (three [T, H, D] reads, one write; far larger than L2), so it runs at the DRAM
+bandwidth a streaming kernel reaches on this GPU. The last column, FA2's time over the floor's,
+is the highest jagflash/FA2 ratio any forward can reach on that batch without moving fewer bytes.
+
+Timing as compare.py: --calls calls queued back to back, median of --samples samples, after a
+warm-up; bf16, H = 16, randn inputs (never zeros), the generator's fixed seed.
+    python bench/memory_floor.py [--dists short gemskew] [--head-dim 128] [--masks none causal]
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+sys.path.insert(0, str(HERE))
+import jagflash  # noqa: E402
+import peers  # noqa: E402
+
+
+def forward_bytes(total_tokens, heads, head_dim, element_bytes):
+    """Bytes a forward moves at the least: Q, K, V read once, O written once (lse is 1/head_dim of
+    one of them and left out)."""
+    return 4 * total_tokens * heads * head_dim * element_bytes
+
+
+def best_ratio(peer_ms, floor_ms):
+    """The highest speed-up over the peer a kernel held to the floor's traffic and bandwidth can
+    reach: the peer's time over the floor's."""
+    return peer_ms / floor_ms
+
+
+def timed_ms(fn, calls, samples, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dists", nargs="+", default=["short"])
+    p.add_argument("--masks", nargs="+", default=["none", "causal"], choices=["none", "causal"])
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--calls", type=int, default=4)
+    p.add_argument("--samples", type=int, default=9)
+    args = p.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(jagflash.DEFAULT_SEED)
+    print("| dist | mask | D | MB moved | floor ms | floor GB/s | jagflash ms | FA2 ms | jagflash/FA2 | "
+          "floor TFLOP/s | FA2/floor (best ratio) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for dist in args.dists:
+        lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
+        total = sum(lengths)
+        offsets = peers.offsets_of(lengths, "cuda")
+        shape = (total, args.heads, args.head_dim)
+        q, k, v, dout = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+        o = torch.empty_like(q)
+        moved = forward_bytes(total, args.heads, args.head_dim, q.element_size())
+        floor_ms = timed_ms(lambda: torch.addcmul(q, k, v, out=o), args.calls, args.samples)
+        for mask in args.masks:
+            causal = mask == "causal"
+            inputs = peers.Inputs(q, k, v, dout, offsets, lengths, causal, 0)
+            ms = {name: timed_ms(peers.make(name, inputs).forward, args.calls, args.samples)
+                  for name in ("jagflash", "FA2 varlen")}
+            pairs = sum(jagflash.visible_pairs(n, n, causal=causal) for n in lengths)
+            flops = 4.0 * args.heads * args.head_dim * pairs
+            print(f"| {dist} | {mask} | {args.head_dim} | {moved / 1e6:.0f} | {floor_ms:.3f} | "
+                  f"{moved / floor_ms / 1e6:.0f} | {ms['jagflash']:.3f} | {ms['FA2 varlen']:.3f} | "
+                  f"{ms['FA2 varlen'] / ms['jagflash']:.2f} | {flops / floor_ms / 1e9:.0f} | "
+                  f"{best_ratio(ms['FA2 varlen'], floor_ms):.2f} |", flush=True)
+        del q, k, v, dout, o
+
+
+if __name__ == "__main__":
+    main()
