@@ -73,7 +73,8 @@ print_summary
 # that a later step of the same call (gpu-python.sh's compare.json and chart) still comes back.
 # BUNDLE_LOGS=0 leaves them loose.
 if [ "${BUNDLE_LOGS:-1}" = 1 ]; then
-  (cd "$out" && ls -- *.log *.txt *.csv 2>/dev/null | tar czf gpu-check-logs.tar.gz --remove-files -T -) ||
+  (cd "$out" && shopt -s nullglob && logs=(*.log *.txt *.csv) &&
+    { [ ${#logs[@]} -eq 0 ] || tar czf gpu-check-logs.tar.gz --remove-files -- "${logs[@]}"; }) ||
     echo "gpu-check: could not bundle the logs in $out" >&2
 fi
 summary_passed

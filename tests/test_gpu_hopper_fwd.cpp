@@ -2,15 +2,18 @@
 // against the oracle on full benchmark batches, rows past the last sequence never written,
 // bitwise-identical repeats, plan reuse, and the calls it must refuse.
 #include "gen/distributions.hpp"
+#include "kernels/fwd/variants.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace jagflash {
@@ -146,6 +149,104 @@ TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
       ASSERT_EQ(0, std::memcmp(first_lse.data(), now_lse.data(), now_lse.size() * 4)) << "run " << run;
     }
   }
+}
+
+// jf_launch.reuse_plan misused: the workspace holds no plan, or one built for another kernel
+// variant (another max_seqlen_hint) or another batch. The kernel finds the stored plan key
+// wrong, writes nothing (outputs keep their poison) and jagflash_read_device_error names the
+// argument; a correct reuse still gives the oracle's results.
+TEST(GpuHopperForward, MisusedPlanReuseWritesNothingAndIsReported) {
+  BatchSpec s;
+  s.len_q = {200, 37, 0, 130, 1};  // every length <= 256: hint 256 picks the two-pair variant
+  s.heads = 2;
+  s.heads_kv = 2;
+  s.head_dim = 128;
+  GpuBatch g = testing::make_gpu_batch(s);
+  BatchSpec other_spec = s;
+  other_spec.len_q = {200, 37, 131};
+  GpuBatch other = testing::make_gpu_batch(other_spec);
+
+  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER), fo = other.forward_args(JF_BACKEND_HOPPER);
+  size_t bytes_default = 0, bytes_pairs = 0, bytes_other = 0;
+  fa.launch.max_seqlen_hint = 256;
+  ASSERT_EQ(jagflash_fwd_workspace_size(&fa, &bytes_pairs), JF_OK);
+  fa.launch.max_seqlen_hint = 0;
+  ASSERT_EQ(jagflash_fwd_workspace_size(&fa, &bytes_default), JF_OK);
+  ASSERT_EQ(jagflash_fwd_workspace_size(&fo, &bytes_other), JF_OK);
+  testing::DeviceBuffer workspace(std::max({bytes_default, bytes_pairs, bytes_other}));
+  ASSERT_EQ(cudaMemset(workspace.get(), 0, workspace.bytes()), cudaSuccess);
+  for (jf_fwd_args* a : {&fa, &fo}) {
+    a->launch.workspace = workspace.get();
+    a->launch.workspace_bytes = workspace.bytes();
+  }
+
+  auto all_nan = [](const testing::DeviceBuffer& buffer, size_t element_bytes) {
+    std::vector<unsigned char> host(buffer.bytes());
+    buffer.to_host(host.data());
+    for (size_t i = 0; i < host.size(); i += element_bytes) {
+      if (element_bytes == 2) {
+        uint16_t x;
+        std::memcpy(&x, &host[i], 2);
+        if (!((x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0)) return false;
+      } else {
+        float x;
+        std::memcpy(&x, &host[i], 4);
+        if (!std::isnan(x)) return false;
+      }
+    }
+    return true;
+  };
+  auto expect_refused = [&](const jf_fwd_args& a, GpuBatch& batch, const char* what) {
+    SCOPED_TRACE(what);
+    testing::poison_outputs(batch);
+    ASSERT_EQ(jagflash_fwd(&a), JF_OK) << jagflash_last_error();  // the host cannot tell without a sync
+    ASSERT_EQ(jagflash_read_device_error(a.launch.workspace, a.launch.stream), JF_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(jagflash_last_error()).find("launch.reuse_plan"), std::string::npos)
+        << jagflash_last_error();
+    EXPECT_TRUE(all_nan(batch.out, 2)) << "out was written";
+    EXPECT_TRUE(all_nan(batch.lse, 4)) << "lse was written";
+  };
+  auto expect_served = [&](const jf_fwd_args& a, GpuBatch& batch, const char* what) {
+    SCOPED_TRACE(what);
+    testing::poison_outputs(batch);
+    ASSERT_EQ(jagflash_fwd(&a), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(jagflash_read_device_error(a.launch.workspace, a.launch.stream), JF_OK) << jagflash_last_error();
+    GpuBatch slow = testing::make_gpu_batch(batch.spec);  // same seed, same inputs
+    const jf_fwd_args oa = slow.forward_args(JF_BACKEND_ORACLE);
+    ASSERT_EQ(jagflash_fwd(&oa), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LE(testing::device_rel_error(batch.out.get(), slow.out.get(), batch.out_view, s.dtype),
+              testing::forward_tolerance(s.dtype));
+    EXPECT_LE(lse_max_abs_diff(batch, slow), 1e-3);
+  };
+
+  fa.launch.reuse_plan = 1;
+  expect_refused(fa, g, "no plan built yet (zeroed workspace)");
+  fa.launch.reuse_plan = 0;
+  expect_served(fa, g, "built (128-row tiles)");
+  fa.launch.reuse_plan = 1;
+  expect_served(fa, g, "reused as built");
+  // Hint 256 picks the two-pair variant (64-row tiles) by default; under a benchmark knob that
+  // forces one variant (scripts/gpu-check.sh runs these tests under each) both hints share it
+  // and the reuse is valid.
+  fa.launch.max_seqlen_hint = 256;
+  auto tiles_of = [&](int32_t hint, const kernels::fwd::ForwardKnobs& knobs) {
+    jf_fwd_args x = fa;
+    x.launch.max_seqlen_hint = hint;
+    const kernels::fwd::ForwardVariant v = kernels::fwd::choose_forward_variant(x, knobs);
+    return std::make_pair(v.block_m(), v.block_n);
+  };
+  ASSERT_NE(tiles_of(0, {}), tiles_of(256, {})) << "without knobs the two hints pick different tiles";
+  if (tiles_of(0, kernels::fwd::ForwardKnobs::get()) != tiles_of(256, kernels::fwd::ForwardKnobs::get()))
+    expect_refused(fa, g, "reused under another variant");
+  else
+    expect_served(fa, g, "reused under another hint, same variant (a knob forces it)");
+  fo.launch.reuse_plan = 1;
+  expect_refused(fo, other, "reused for another batch");
+  fa.launch.reuse_plan = 0;
+  expect_served(fa, g, "built again under the other variant");
+  fa.launch.reuse_plan = 1;
+  expect_served(fa, g, "reused under it");
 }
 
 TEST(GpuHopperForward, RefusesWhatItCannotServe) {

@@ -28,9 +28,15 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   DeviceBuffer d_q = DeviceBuffer::from_host(q_off), d_kv = DeviceBuffer::from_host(kv_off);
   DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{0});
   DeviceBuffer workspace(layout.total_bytes);
-  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM,
-                                                      kTileN, flag.as<int32_t>(), workspace.get(), layout, nullptr));
+  DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
+  const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
+  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
+                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                                      workspace.get(), layout, nullptr));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  schedule::PlanKey stored{};
+  stored_key.to_host(&stored);
+  ASSERT_TRUE(schedule::same_plan_key(stored, key)) << "the build stores the key a reusing call checks";
   std::vector<char> ws(layout.total_bytes);
   workspace.to_host(ws.data());
   auto array = [&](size_t offset) { return reinterpret_cast<const int32_t*>(ws.data() + offset); };
@@ -75,6 +81,26 @@ TEST(GpuDevicePlan, MatchesTheHostSchedulerInOrderAndCost) {
     expect_device_plan_matches_host(awkward_q, awkward_kv, masks[m], "awkward q != kv " + mask_names[m]);
     expect_device_plan_matches_host({0, 0, 0}, {0, 4, 0}, masks[m], "no q rows " + mask_names[m]);
   }
+}
+
+// A build the offsets check stopped must not leave an older plan's key behind: a later call
+// reusing the workspace would otherwise read a plan built for other offsets.
+TEST(GpuDevicePlan, FailedBuildClearsTheStoredKey) {
+  const std::vector<int32_t> q_off = {0, 5, 9};
+  const schedule::DevicePlanLayout layout = schedule::DevicePlanLayout::make(0, 2, 9, 9, 128, 128);
+  DeviceBuffer d_q = DeviceBuffer::from_host(q_off);
+  DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{1});  // the offsets check failed
+  DeviceBuffer workspace(layout.total_bytes);
+  const schedule::PlanKey key = schedule::plan_key({128, 128}, 2, 9, 9);
+  DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{key});  // an older build's
+  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_q.as<int32_t>(), 2, 128, 128,
+                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                                      workspace.get(), layout, nullptr));
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  schedule::PlanKey stored{};
+  stored_key.to_host(&stored);
+  EXPECT_FALSE(schedule::same_plan_key(stored, key));
+  EXPECT_EQ(stored.tag_and_tiles, 0);
 }
 
 }  // namespace

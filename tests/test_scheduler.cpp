@@ -524,3 +524,23 @@ TEST(SchedulerMaskPolicy, RangesMatchVisible) {
 
 }  // namespace
 }  // namespace jagflash::schedule
+
+namespace jagflash::schedule {
+namespace {
+
+// The key a reused forward plan is checked by: any field that changes the plan's tiles or size
+// changes it, and zeroed memory (a workspace no build wrote) never passes for one.
+TEST(PlanKey, TellsApartEveryFieldAndZeroedMemory) {
+  const PlanKey base = plan_key({128, 128}, 256, 115909, 115909);
+  EXPECT_TRUE(same_plan_key(base, plan_key({128, 128}, 256, 115909, 115909)));
+  EXPECT_FALSE(same_plan_key(base, plan_key({64, 128}, 256, 115909, 115909)));
+  EXPECT_FALSE(same_plan_key(base, plan_key({128, 64}, 256, 115909, 115909)));
+  EXPECT_FALSE(same_plan_key(base, plan_key({128, 128}, 255, 115909, 115909)));
+  EXPECT_FALSE(same_plan_key(base, plan_key({128, 128}, 256, 115908, 115909)));
+  EXPECT_FALSE(same_plan_key(base, plan_key({128, 128}, 256, 115909, 115910)));
+  EXPECT_FALSE(same_plan_key(PlanKey{}, plan_key({0, 0}, 0, 0, 0)));
+  EXPECT_FALSE(same_plan_key(PlanKey{}, base));
+}
+
+}  // namespace
+}  // namespace jagflash::schedule

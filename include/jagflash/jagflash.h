@@ -93,8 +93,10 @@ typedef struct jf_launch {
   jf_backend backend;
   /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
    * for the same offsets, shapes, mask and max_seqlen_hint, so it is not built again (saves its
-   * kernels). The schedule's tiles follow the kernel variant those choose: reusing it under
-   * others is not detected and gives wrong results. */
+   * kernels). The schedule's tiles follow the kernel variant those choose. The forward checks on
+   * the device that the workspace's schedule was built for this call's batch size, q/kv rows and
+   * variant; if not, it writes nothing and jagflash_read_device_error reports it. Offsets changed
+   * in place with the same batch size and totals are not detected. */
   int32_t reuse_plan;
   /* 0 = unknown; otherwise an upper bound on every sequence's q and kv length (FlashAttention's
    * max_seqlen). A hint for choosing the forward's kernel variant: it changes speed, never
@@ -133,9 +135,10 @@ jf_status jagflash_fwd(const jf_fwd_args* args);
 jf_status jagflash_bwd_workspace_size(const jf_bwd_args* args, size_t* bytes);
 jf_status jagflash_bwd(const jf_bwd_args* args);
 
-/* After a JF_CHECK_OFFSETS_DEVICE call: synchronises `stream` and reads the flag the call left
- * in `workspace`. Returns JF_OK if the offsets were valid, else JF_ERR_INVALID_ARGUMENT with a
- * message saying which check failed. */
+/* After a JF_CHECK_OFFSETS_DEVICE call or a forward that reused a plan: synchronises `stream`
+ * and reads the flag the call left in `workspace`. Returns JF_OK if the call's device checks
+ * passed (valid offsets; a plan built for the call), else JF_ERR_INVALID_ARGUMENT with a message
+ * saying which check failed (the call then wrote nothing). */
 jf_status jagflash_read_device_error(const void* workspace, void* stream);
 
 /* The benchmark length distributions (uniform1k, gemskew, pareto, onegiant, short), one generator

@@ -81,7 +81,7 @@ def test_device_check_flags_bad_offsets_in_a_replayed_graph():
         _step(q, k, v, q_offsets, kv_offsets, static.dout, "device")
     q_offsets[2] = q_offsets[1] - 1  # decreasing
     graph.replay()
-    with pytest.raises(jagflash.InvalidArgumentError, match=r"invalid offsets found on the device.*q_offsets: expected non-decreasing"):
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"failed a check on the device.*q_offsets: expected non-decreasing"):
         jagflash.read_device_error()
     q_offsets.copy_(offsets_of(Q_LENGTHS[1]))
     kv_offsets.copy_(offsets_of(KV_LENGTHS[1]))

@@ -88,7 +88,8 @@ void run_forward(const jf_fwd_args& a) {
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
                                              flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
-    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, hopper_plan_layout(a),
+    auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
+    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
                                               /*build_plan=*/a.launch.reuse_plan == 0};
     JF_CUDA_CHECK(hopper->run(a, launch, stream));
     return;
@@ -122,14 +123,19 @@ void read_device_error(const void* workspace, void* stream) {
   JF_CUDA_CHECK(cudaStreamSynchronize(s));
   if (flag == 0) return;
   std::ostringstream m;
-  m << "invalid offsets found on the device (nothing was written):";
+  m << "the call failed a check on the device (nothing was written):";
   const struct { int32_t bit; const char* text; } checks[] = {
       {oracle::kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
       {oracle::kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
       {oracle::kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
       {oracle::kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
       {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
-      {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"}};
+      {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
+      {schedule::kPlanMismatchFlag,
+       " launch.reuse_plan: expected the workspace to hold the plan of an earlier call with the same batch size, "
+       "q/kv rows and kernel variant (dtype, head dim, mask, shapes, max_seqlen_hint), found another or none; "
+       "pass reuse_plan = 0 to build it;"}};
+  static_assert((schedule::kPlanMismatchFlag & (2 * oracle::kKvLastNotTotal - 1)) == 0, "flag bits overlap");
   for (const auto& c : checks)
     if (flag & c.bit) m << c.text;
   throw ApiError(JF_ERR_INVALID_ARGUMENT, m.str());

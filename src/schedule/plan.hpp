@@ -80,6 +80,30 @@ JF_HD TileInSequence tile_in_sequence(int32_t tile, int32_t heads, int32_t block
   return {local / q_blocks, q_blocks - 1 - local % q_blocks};
 }
 
+// What a device plan was built for. The build stores it next to the plan (at a place that does
+// not depend on the variant), and every forward launch compares it with its own before reading
+// the plan: a plan reused (jf_launch.reuse_plan) under another kernel variant (tile shape) or
+// for another batch (B, total q or kv rows) becomes a device error instead of wrong results.
+// Offsets changed in place with the same B and totals are not caught (the reuse contract).
+// The tag tells a written key from zeroed or foreign memory.
+struct PlanKey {
+  int64_t tag_and_tiles;
+  int64_t batch_size;
+  int64_t total_q;
+  int64_t total_kv;
+};
+JF_HD PlanKey plan_key(TileShape shape, int32_t batch_size, int64_t total_q, int64_t total_kv) {
+  constexpr int64_t kTag = int64_t(0x4A46504C) << 32;  // "JFPL"
+  return {kTag | (int64_t(shape.tile_m) << 16) | int64_t(shape.tile_n), batch_size, total_q, total_kv};
+}
+JF_HD bool same_plan_key(const PlanKey& a, const PlanKey& b) {
+  return a.tag_and_tiles == b.tag_and_tiles && a.batch_size == b.batch_size && a.total_q == b.total_q &&
+         a.total_kv == b.total_kv;
+}
+// The device error flag's bit for a mismatched plan (the offsets check owns bits 0..5,
+// oracle::OffsetsError).
+constexpr int32_t kPlanMismatchFlag = 1 << 6;
+
 // Static snake assignment: round r hands tiles [r*N, r*N+N) to SMs 0..N-1 (r even) or N-1..0
 // (r odd). Returns, per SM, the indices into `tiles` in the order that SM runs them.
 std::vector<std::vector<int32_t>> zigzag_assign(const std::vector<Tile>& tiles, int num_sms);

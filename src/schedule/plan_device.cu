@@ -26,7 +26,8 @@ __device__ __forceinline__ int32_t q_blocks(const int32_t* q_offsets, int32_t b,
 // One block scans the per-sequence q-block counts: pair_offset[b] and the pair count.
 __global__ void __launch_bounds__(kScanThreads)
 count_pairs_kernel(const int32_t* q_offsets, int32_t batch_size, int tile_m, const int32_t* error_flag,
-                   int32_t* pair_offset, int32_t* num_pairs) {
+                   PlanKey* stored_key, PlanKey key, int32_t* pair_offset, int32_t* num_pairs) {
+  if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
   if (*error_flag) return;
   using Scan = cub::BlockScan<int32_t, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -134,9 +135,9 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
 }
 
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               int tile_m, int tile_n, const int32_t* error_flag,
+                               int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key, PlanKey key,
                                void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
-  count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag,
+  count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key, key,
                                                      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;

@@ -21,6 +21,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // One storage per (producer, consumers) pair; a single pair unless kPairs = 2.
   auto* storage = reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
   if (*p.error_flag) return;  // offsets failed the device check: write nothing
+  // A reused plan built for another variant or batch (jf_launch.reuse_plan misused) would send
+  // tiles to the wrong rows: write nothing and say so (every CTA checks, none reads the plan).
+  if (!schedule::same_plan_key(*p.plan_key, p.expected_plan_key)) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, schedule::kPlanMismatchFlag);
+    return;
+  }
 
   const int warp = threadIdx.x / 32;
   const bool producer = warp / 4 == 0;  // warpgroup 0 produces, the others consume

@@ -39,9 +39,12 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   if (pb.q.rows == 0) return cudaSuccess;
   const MaskPolicy mask = MaskPolicy::from(pb.mask, pb.window_left, pb.window_right);
 
+  const schedule::PlanKey key =
+      schedule::plan_key({Config::kBlockM, Config::kBlockN}, pb.batch_size, pb.q.rows, pb.k.rows);
   cudaError_t err = launch.build_plan
                         ? schedule::build_forward_plan(pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM,
-                                                       Config::kBlockN, launch.error_flag, launch.workspace, launch.plan, stream)
+                                                       Config::kBlockN, launch.error_flag, launch.plan_key, key,
+                                                       launch.workspace, launch.plan, stream)
                         : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
   if (err != cudaSuccess) return err;
 
@@ -64,6 +67,8 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.error_flag = launch.error_flag;
+  p.plan_key = launch.plan_key;
+  p.expected_plan_key = key;
   const schedule::DevicePlan plan = schedule::device_plan_at(launch.workspace, launch.plan);
   p.sorted_pairs = plan.sorted_pairs;
   p.pair_batch = plan.pair_batch;

@@ -142,7 +142,10 @@ struct Params {
   MaskPolicy mask;
   float scale;
   float scale_log2;
-  const int32_t* error_flag;
+  int32_t* error_flag;  // the kernel sets schedule::kPlanMismatchFlag in it
+  // What the plan in the workspace was built for, and what this launch needs (schedule::PlanKey).
+  const schedule::PlanKey* plan_key;
+  schedule::PlanKey expected_plan_key;
   // The plan (schedule/plan_device): (batch, q block) pairs, heaviest sequence first, a sequence's pairs together.
   const int32_t* sorted_pairs;
   const int32_t* pair_batch;
