@@ -55,6 +55,9 @@ def parse_args():
     p.add_argument("--fwd-calls", type=int, default=4,
                    help="forward calls queued back to back per timed sample (1: one call between two events)")
     p.add_argument("--budget-s", type=float, default=1.0, help="stop timing a measurement after this long")
+    p.add_argument("--fwd-order", default="interleaved", choices=["interleaved", "sequential"],
+                   help="forward samples of the implementations taken in turns (default), or one "
+                        "implementation's samples after another's")
     p.add_argument("--no-compile-flex", action="store_true", help="eager FlexAttention (CPU smoke runs)")
     p.add_argument("--commit", default=None, help="commit measured (default: $JAGFLASH_COMMIT, else git)")
     p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/compare.json; run nothing")
@@ -103,9 +106,62 @@ def environment(args, device):
         "iters": args.iters,
         "budget_s": args.budget_s,
         "fwd_calls": args.fwd_calls,
+        "fwd_order": args.fwd_order,
         "timer": "CUDA events" if device.type == "cuda" else "wall clock",
         "mismatch_tol": MISMATCH_TOL,
     }
+
+
+def _sample(fn, device, calls):
+    """(ms per call, last result) of `calls` calls of fn() queued between two events."""
+    result = None
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            result = fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls, result
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        result = fn()
+    return (time.perf_counter() - t0) * 1e3 / calls, result
+
+
+def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
+    """{name: (median ms per call, last result)} of several functions timed in turns: each round
+    takes one sample (`calls` queued calls, as measure()) of every function, in the given order
+    on even rounds and reversed on odd ones. On the H200, which of two kernels ran first moved
+    their ratio by up to 14% (power and clock carry over from one measurement to the next,
+    bench/NOTES.md, session 10); in turns both see the same conditions. A function that raises
+    gets {name: exception} and leaves the rotation. Rounds stop at `iters`, or once the samples
+    taken add up to budget_s per function (at least one round)."""
+    results, live = {}, dict(fns)
+    times = {name: [] for name in fns}
+    for name, fn in list(live.items()):
+        try:
+            for _ in range(warmup):
+                _sample(fn, device, calls)
+        except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
+            results[name] = e
+            del live[name]
+    spent_ms, last = 0.0, {}
+    for r in range(iters):
+        if r > 0 and spent_ms >= budget_s * 1e3 * max(len(live), 1):
+            break
+        for name in list(live) if r % 2 == 0 else list(reversed(live)):
+            try:
+                ms, last[name] = _sample(live[name], device, calls)
+            except Exception as e:  # noqa: BLE001
+                results[name] = e
+                del live[name]
+                continue
+            times[name].append(ms)
+            spent_ms += ms * calls
+    for name in live:
+        results[name] = (statistics.median(times[name]), last[name])
+    return results
 
 
 def measure(fn, device, warmup, iters, budget_s, calls=1):
@@ -115,19 +171,7 @@ def measure(fn, device, warmup, iters, budget_s, calls=1):
     instead of being counted as idle GPU time. Warm-up calls stop early once one sample alone
     would eat the budget, and samples stop once the budget is spent (at least one is taken)."""
     def once():
-        result = None
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                result = fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / calls, result
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            result = fn()
-        return (time.perf_counter() - t0) * 1e3 / calls, result
+        return _sample(fn, device, calls)
 
     budget_ms = budget_s * 1e3
     for _ in range(warmup):
@@ -153,12 +197,42 @@ def normalised_error(actual, expected):
     return ((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
 
 
-def run_case(impl_name, inputs, flops, device, args, reference):
-    """One implementation on one case: its row, and its (out, grads) for comparison."""
+def _error_text(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def time_forwards(impl_names, inputs, device, args):
+    """{name: (implementation, (fwd ms, out)) or exception} for one case: every implementation
+    built, then its forward timed (in turns with the others unless --fwd-order sequential)."""
+    impls, timed = {}, {}
+    for name in impl_names:
+        try:
+            impls[name] = peers.make(name, inputs, compile_flex=not args.no_compile_flex)
+        except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
+            timed[name] = e
+    if args.fwd_order == "interleaved":
+        fwd = measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup, args.iters,
+                                  args.budget_s, calls=args.fwd_calls)
+    else:
+        fwd = {}
+        for n, i in impls.items():
+            try:
+                fwd[n] = measure(i.forward, device, args.warmup, args.iters, args.budget_s, calls=args.fwd_calls)
+            except Exception as e:  # noqa: BLE001
+                fwd[n] = e
+    for n, i in impls.items():
+        timed[n] = fwd[n] if isinstance(fwd[n], Exception) else (i, fwd[n])
+    return {n: timed[n] for n in impl_names}
+
+
+def run_case(impl_name, timed, flops, device, args, reference):
+    """One implementation on one case, its forward already timed (time_forwards): its row, and
+    its (out, grads) for comparison."""
     row = {"impl": impl_name}
     try:
-        impl = peers.make(impl_name, inputs, compile_flex=not args.no_compile_flex)
-        fwd_ms, out = measure(impl.forward, device, args.warmup, args.iters, args.budget_s, calls=args.fwd_calls)
+        if isinstance(timed, Exception):
+            raise timed
+        impl, (fwd_ms, out) = timed
         bwd_ms, grads = measure(lambda: impl.backward(out), device, args.warmup, args.iters, args.budget_s)
         out, grads = impl.unpad(out, grads)
         row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_tflops=flops / fwd_ms / 1e9, bwd_tflops=2.5 * flops / bwd_ms / 1e9)
@@ -168,7 +242,7 @@ def run_case(impl_name, inputs, flops, device, args, reference):
             row["mismatch"] = row["max_err"] > MISMATCH_TOL
         return row, result
     except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        row["error"] = _error_text(e)
         return row, None
 
 
@@ -203,16 +277,18 @@ def run(args, out_dir):
                 inputs = peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
                                       causal, flex_length)
                 reference = None
+                t0 = time.time()
+                forwards = time_forwards(args.impls, inputs, device, args)
                 for impl_name in args.impls:
-                    t0 = time.time()
-                    row, result = run_case(impl_name, inputs, flops, device, args, reference)
+                    row, result = run_case(impl_name, forwards[impl_name], flops, device, args, reference)
                     if impl_name == "jagflash" and result is not None:
                         reference = result
                     row.update(dist=dist, mask=mask, head_dim=head_dim, batch=len(lengths), total=total)
                     rows.append(row)
                     save(out_dir, meta, rows)
                     print(_progress(row, time.time() - t0), flush=True)
-                del inputs, reference
+                    t0 = time.time()
+                del inputs, reference, forwards
             del q, k, v, dout
             if device.type == "cuda":
                 torch.cuda.empty_cache()

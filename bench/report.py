@@ -56,6 +56,13 @@ def table(rows):
     return "\n".join(lines)
 
 
+def _order_note(meta):
+    if meta.get("fwd_order") == "interleaved":
+        return ("; the implementations' forward runs taken in turns (one run each per round, the order "
+                "reversed every other round)")
+    return "; each implementation's forward runs after the previous one's"
+
+
 def markdown(meta, rows, png_name):
     errors = sorted({(r["impl"], r["error"]) for r in rows if r.get("error")})
     mismatches = [r for r in rows if r.get("mismatch")]
@@ -70,8 +77,8 @@ def markdown(meta, rows, png_name):
         f"(shared/bench/distributions.md, seed {meta['seed']}{meta['scale_note']}); TFLOP/s of useful work, forward / backward "
         f"(forward 4·H·D·visible pairs, backward 2.5×), median of up to {meta['iters']} timed runs "
         f"({meta['timer']}; a forward run is {meta.get('fwd_calls', 1)} call(s) queued back to back, "
-        f"per call) after warm-up, capped at {meta['budget_s']} s per measurement; all in one "
-        "process on the same inputs. FlexAttention runs compiled, on copies padded to one common "
+        f"per call) after warm-up, capped at {meta['budget_s']} s per measurement"
+        f"{_order_note(meta)}; all in one process on the same inputs. FlexAttention runs compiled, on copies padded to one common "
         "length (so it compiles once per head dim and mask) with a document block mask that lists "
         "no padding block. Backward: jagflash, varlen_attn and FlexAttention through autograd, FA2 "
         "through aten._flash_attention_backward.",

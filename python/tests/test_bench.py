@@ -45,6 +45,56 @@ def test_measure_stops_at_the_budget():
     assert count == 2  # at least one sample is always taken, then the budget stops it
 
 
+def test_interleaved_takes_samples_in_turns_and_reverses_every_other_round():
+    order = []
+
+    def recorder(name):
+        def fn():
+            order.append(name)
+            return name
+        return fn
+
+    fns = {"a": recorder("a"), "b": recorder("b"), "c": recorder("c")}
+    out = compare.measure_interleaved(fns, torch.device("cpu"), warmup=1, iters=3, budget_s=10.0, calls=2)
+    warmup, timed = order[:6], order[6:]
+    assert warmup == ["a", "a", "b", "b", "c", "c"]
+    assert timed == ["a", "a", "b", "b", "c", "c", "c", "c", "b", "b", "a", "a", "a", "a", "b", "b", "c", "c"]
+    assert {name: result for name, (ms, result) in out.items()} == {"a": "a", "b": "b", "c": "c"}
+    assert all(ms >= 0.0 for ms, _ in out.values())
+
+
+def test_interleaved_drops_a_failing_function_and_keeps_the_others():
+    calls = {"ok": 0, "bad": 0}
+
+    def ok():
+        calls["ok"] += 1
+        return 1
+
+    def bad():
+        calls["bad"] += 1
+        if calls["bad"] > 1:  # passes its warm-up, fails when timed
+            raise RuntimeError("no kernel for this")
+        return 2
+
+    out = compare.measure_interleaved({"bad": bad, "ok": ok}, torch.device("cpu"), warmup=1, iters=4,
+                                      budget_s=10.0, calls=1)
+    assert isinstance(out["bad"], RuntimeError) and calls["bad"] == 2
+    assert out["ok"][1] == 1 and calls["ok"] == 1 + 4
+
+
+def test_interleaved_stops_at_the_budget_after_one_round():
+    count = 0
+
+    def counted():
+        nonlocal count
+        count += 1
+        torch.ones(1).add_(1)
+
+    compare.measure_interleaved({"x": counted, "y": counted}, torch.device("cpu"), warmup=0, iters=1000,
+                                budget_s=0.0, calls=2)
+    assert count == 4  # one round of both, two calls a sample
+
+
 def test_compare_runs_on_the_cpu(tmp_path):
     env = dict(os.environ, JAGFLASH_LIBRARY=str(_lib.library_path()), JAGFLASH_COMMIT="test")
     cmd = [sys.executable, str(BENCH / "compare.py"), "--device", "cpu", "--scale", "32", "--max-batch", "6",
