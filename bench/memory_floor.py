@@ -9,12 +9,11 @@ that traffic (three [T, H, D] reads, one write; far larger than L2), so it runs 
 bandwidth a streaming kernel reaches on this GPU. The last column, FA2's time over the floor's,
 is the highest jagflash/FA2 ratio any forward can reach on that batch without moving fewer bytes.
 
-Timing as compare.py: --calls calls queued back to back, median of --samples samples, after a
-warm-up; bf16, H = 16, randn inputs (never zeros), the generator's fixed seed.
+Timing as compare.py: --calls calls queued back to back, median of --samples samples, the
+three taken in turns, after a warm-up; bf16, H = 16, randn inputs (never zeros), the generator's fixed seed.
     python bench/memory_floor.py [--dists short gemskew] [--head-dim 128] [--masks none causal]
 """
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
 sys.path.insert(0, str(HERE))
+import compare  # noqa: E402
 import jagflash  # noqa: E402
 import peers  # noqa: E402
 
@@ -39,20 +39,14 @@ def best_ratio(peer_ms, floor_ms):
     return peer_ms / floor_ms
 
 
-def timed_ms(fn, calls, samples, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
+def timed_ms(fns, calls, samples, warmup=3):
+    """{name: ms per call} with compare.py's timing: `calls` calls queued back to back per
+    sample, median of `samples`, the functions' samples taken in turns."""
+    timed = compare.measure_interleaved(fns, torch.device("cuda"), warmup, samples, budget_s=60.0, calls=calls)
+    for name, result in timed.items():
+        if isinstance(result, Exception):
+            raise RuntimeError(f"{name} failed") from result
+    return {name: ms for name, (ms, _) in timed.items()}
 
 
 def main():
@@ -76,12 +70,13 @@ def main():
         q, k, v, dout = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
         o = torch.empty_like(q)
         moved = forward_bytes(total, args.heads, args.head_dim, q.element_size())
-        floor_ms = timed_ms(lambda: torch.addcmul(q, k, v, out=o), args.calls, args.samples)
         for mask in args.masks:
             causal = mask == "causal"
             inputs = peers.Inputs(q, k, v, dout, offsets, lengths, causal, 0)
-            ms = {name: timed_ms(peers.make(name, inputs).forward, args.calls, args.samples)
-                  for name in ("jagflash", "FA2 varlen")}
+            fns = {name: peers.make(name, inputs).forward for name in ("jagflash", "FA2 varlen")}
+            fns["floor"] = lambda: torch.addcmul(q, k, v, out=o)
+            ms = timed_ms(fns, args.calls, args.samples)
+            floor_ms = ms["floor"]
             pairs = sum(jagflash.visible_pairs(n, n, causal=causal) for n in lengths)
             flops = 4.0 * args.heads * args.head_dim * pairs
             print(f"| {dist} | {mask} | {args.head_dim} | {moved / 1e6:.0f} | {floor_ms:.3f} | "
