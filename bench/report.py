@@ -7,6 +7,40 @@ from peers import IMPLEMENTATIONS, PEERS
 COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "varlen_attn": "#9ecae1", "FlexAttention": "#2ca02c"}
 
 
+# Issue 4's forward bar, jagflash / FA2 varlen in the same run: FA3's ratio over FA2 from
+# shared/bench/distributions.md (bf16, H = 16, D = 128), 1.5 x that on `short`, and 1.6 on
+# gemskew at D = 64. Keys: (dist, mask, head dim).
+FORWARD_BARS = {
+    ("uniform1k", "none", 128): 1.64, ("gemskew", "none", 128): 1.81, ("pareto", "none", 128): 1.85,
+    ("onegiant", "none", 128): 2.06, ("short", "none", 128): 1.5 * 1.05,
+    ("uniform1k", "causal", 128): 1.90, ("gemskew", "causal", 128): 1.83, ("pareto", "causal", 128): 1.85,
+    ("onegiant", "causal", 128): 2.25, ("short", "causal", 128): 1.5 * 1.92,
+    ("gemskew", "none", 64): 1.6,
+}
+
+
+def bar_table(rows):
+    """The forward bar against this run: per barred case, jagflash's and FA2's forward TFLOP/s,
+    their ratio, the bar and whether it is met (None when the run has no barred case)."""
+    cases = _by_case(rows)
+    lines = ["| case | jagflash / FA2 | bar | met? |", "|---|---|---|---|"]
+    met = total = 0
+    for key, bar in FORWARD_BARS.items():
+        impls = cases.get(key, {})
+        mine, fa2 = _tflops(impls.get("jagflash"), "fwd"), _tflops(impls.get("FA2 varlen"), "fwd")
+        if not mine or not fa2:
+            continue
+        ratio = mine / fa2
+        total += 1
+        met += ratio >= bar
+        verdict = "**yes**" if ratio >= bar else f"no ({(ratio / bar - 1) * 100:+.0f}%)"
+        dist, mask, head_dim = key
+        lines.append(f"| {dist} {mask}, D = {head_dim} | {mine:.1f} / {fa2:.1f} = {ratio:.2f} | {bar:.2f} | {verdict} |")
+    if total == 0:
+        return None
+    return "\n".join(lines) + f"\n\nBar met on {met} of {total} cases in this run.\n"
+
+
 def _by_case(rows):
     """{(dist, mask, head_dim): {impl: row}}, ordered like distributions.md's tables: by head dim
     (largest first), mask (none first), then distribution in the order measured."""
@@ -87,6 +121,10 @@ def markdown(meta, rows, png_name):
         "",
         f"![jagflash and peers, TFLOP/s]({png_name})",
     ]
+    bars = bar_table(rows)
+    if bars:
+        lines += ["", "Forward bar (issue 4: jagflash / FA2 against FA3 / FA2 of shared/bench/distributions.md; "
+                  "1.5x that on short):", "", bars.rstrip("\n")]
     notes = []
     for impl, error in errors:
         notes.append(f"¹ {impl}: {error}")

@@ -109,3 +109,21 @@ def test_compare_runs_on_the_cpu(tmp_path):
     section = (tmp_path / "compare.md").read_text()
     assert "2 call(s) queued back to back" in section and "| short | causal | 64 |" in section
     assert jagflash.library_version() in section
+
+
+def test_bar_table_holds_jagflash_over_fa2_against_the_bar():
+    import report
+
+    def row(impl, dist, mask, d, tflops):
+        return {"impl": impl, "dist": dist, "mask": mask, "head_dim": d, "fwd_tflops": tflops, "bwd_tflops": 1.0}
+
+    rows = [row("jagflash", "uniform1k", "none", 128, 330.0), row("FA2 varlen", "uniform1k", "none", 128, 200.0),
+            row("FlexAttention", "uniform1k", "none", 128, 250.0),  # a faster peer does not change the bar's ratio
+            row("jagflash", "short", "causal", 128, 100.0), row("FA2 varlen", "short", "causal", 128, 50.0),
+            row("jagflash", "uniform1k", "none", 64, 900.0), row("FA2 varlen", "uniform1k", "none", 64, 100.0)]
+    text = report.bar_table(rows)
+    assert "| uniform1k none, D = 128 | 330.0 / 200.0 = 1.65 | 1.64 | **yes** |" in text
+    assert "| short causal, D = 128 | 100.0 / 50.0 = 2.00 | 2.88 | no (-31%) |" in text
+    assert "D = 64" not in text  # uniform1k at D = 64 has no bar
+    assert "Bar met on 1 of 2 cases" in text
+    assert report.bar_table([row("jagflash", "short", "none", 64, 1.0)]) is None
