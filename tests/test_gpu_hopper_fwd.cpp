@@ -1,4 +1,4 @@
-// GPU tests of the Hopper forward (the default GPU forward for bf16/fp16 at head dims 64/128):
+// GPU tests of the Hopper forward (the default GPU forward for bf16/fp16 at head dims 64/128/256):
 // against the oracle on full benchmark batches, rows past the last sequence never written,
 // bitwise-identical repeats, plan reuse, and the calls it must refuse.
 #include "gen/distributions.hpp"
@@ -41,7 +41,7 @@ double lse_max_abs_diff(const GpuBatch& a, const GpuBatch& b) {
 TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
   for (const std::string& name : gen::distribution_names())
     for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
-      for (int d : {64, 128}) {
+      for (int d : {64, 128, 256}) {
         SCOPED_TRACE(name + (mask == JF_MASK_CAUSAL ? " causal" : " none") + " D=" + std::to_string(d));
         BatchSpec s;
         s.len_q = gen::generate_lengths(name, gen::kDefaultSeed);
@@ -67,6 +67,7 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
   const std::vector<int32_t> len_kv = {3, 1, 0, 64, 65, 63, 129, 127, 17, 500, 200, 0, 999};
   struct Mask { jf_mask m; int l, r; };
   uint64_t seed = 500;
+  for (int d : {128, 256})
   for (jf_dtype dtype : {JF_BF16, JF_FP16})
     for (Mask m : {Mask{JF_MASK_NONE, -1, -1}, Mask{JF_MASK_CAUSAL, -1, -1}, Mask{JF_MASK_WINDOW, 100, 0},
                    Mask{JF_MASK_WINDOW, 7, 300}, Mask{JF_MASK_WINDOW, -1, 5}, Mask{JF_MASK_WINDOW, 0, 0}})
@@ -76,14 +77,14 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
         s.len_kv = len_kv;
         s.heads = 4;
         s.heads_kv = hkv;
-        s.head_dim = 128;
+        s.head_dim = d;
         s.dtype = dtype;
         s.mask = m.m;
         s.window_left = m.l;
         s.window_right = m.r;
         s.seed = ++seed;
         s.row_pad = 8;
-        SCOPED_TRACE("seed " + std::to_string(s.seed));
+        SCOPED_TRACE("seed " + std::to_string(s.seed) + " D=" + std::to_string(d));
         GpuBatch g = testing::make_gpu_batch(s);
         const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
         ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
@@ -101,11 +102,13 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
 // The output buffer is longer than the view: the rows after the last sequence belong to the
 // caller and must keep their poison, and so must the padding between rows.
 TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
+  for (int d : {64, 256}) {
+  SCOPED_TRACE("D=" + std::to_string(d));
   BatchSpec s;
   s.len_q = {130, 1, 77};  // every sequence ends inside a 128-row tile
   s.heads = 2;
   s.heads_kv = 2;
-  s.head_dim = 64;
+  s.head_dim = d;
   s.row_pad = 8;
   s.mask = JF_MASK_CAUSAL;
   GpuBatch g = testing::make_gpu_batch(s);
@@ -126,14 +129,17 @@ TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
     const bool is_nan = (host[i] & 0x7f80) == 0x7f80 && (host[i] & 0x7f) != 0;
     ASSERT_NE(must_be_written, is_nan) << "row " << row << " col " << col;
   }
+  }
 }
 
 TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
+  for (int d : {128, 256}) {
+  SCOPED_TRACE("D=" + std::to_string(d));
   BatchSpec s;
   s.len_q = gen::generate_lengths("gemskew", 5);
   s.heads = 8;
   s.heads_kv = 8;
-  s.head_dim = 128;
+  s.head_dim = d;
   s.mask = JF_MASK_CAUSAL;
   GpuBatch g = testing::make_gpu_batch(s);
   jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
@@ -148,6 +154,7 @@ TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
       ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size())) << "run " << run;
       ASSERT_EQ(0, std::memcmp(first_lse.data(), now_lse.data(), now_lse.size() * 4)) << "run " << run;
     }
+  }
   }
 }
 
@@ -254,12 +261,13 @@ TEST(GpuHopperForward, RefusesWhatItCannotServe) {
   s.len_q = {5, 9};
   s.heads = 2;
   s.heads_kv = 2;
-  s.head_dim = 256;
+  s.head_dim = 128;
+  s.dtype = JF_FP32;  // the Hopper forward serves bf16 and fp16
   GpuBatch g = testing::make_gpu_batch(s);
   jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
   EXPECT_EQ(jagflash_fwd(&fa), JF_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(jagflash_last_error()).find("JF_BACKEND_HOPPER"), std::string::npos) << jagflash_last_error();
-  fa.launch.backend = JF_BACKEND_AUTO;  // AUTO falls back to the oracle for head dim 256
+  fa.launch.backend = JF_BACKEND_AUTO;  // AUTO falls back to the oracle for fp32
   EXPECT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
 }
 

@@ -104,5 +104,30 @@ TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
     }
 }
 
+// D = 256 has one kernel (32-key blocks, two warpgroups, one pair: what fits the shared memory
+// and registers): neither the max_seqlen hint nor the shape knobs may select another, for which
+// no D = 256 kernel exists. The schedule knob still applies.
+TEST(ForwardVariants, HeadDim256HasOneShape) {
+  kernels::fwd::ForwardKnobs every_knob;
+  every_knob.schedule = kernels::fwd::Schedule::kZigzag;
+  every_knob.ping_pong = 1;
+  every_knob.block_n = 64;
+  every_knob.warpgroups = 3;
+  every_knob.pairs = 2;
+  for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
+    for (int32_t hint : {0, 100, 256, 5000})
+      for (const kernels::fwd::ForwardKnobs& knobs : {kernels::fwd::ForwardKnobs{}, every_knob}) {
+        jf_fwd_args a = call(256, mask);
+        a.launch.max_seqlen_hint = hint;
+        const ForwardVariant v = choose_forward_variant(a, knobs);
+        EXPECT_EQ(v.block_n, 32);
+        EXPECT_EQ(v.warpgroups, 2);
+        EXPECT_EQ(v.block_m(), 128);
+        EXPECT_EQ(v.pairs, 1);
+        EXPECT_FALSE(v.ping_pong);
+        EXPECT_EQ(v.schedule, knobs.schedule);
+      }
+}
+
 }  // namespace
 }  // namespace jagflash

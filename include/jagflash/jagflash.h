@@ -51,7 +51,7 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
- * kernel where it serves the call (sm_90, bf16/fp16, head dim 64/128, forward), else the oracle. */
+ * kernel where it serves the call (sm_90, bf16/fp16, head dim 64/128/256, forward), else the oracle. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */

@@ -140,11 +140,12 @@ def test_compile_with_cuda_graphs():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_short_max_seqlen_hint_gives_the_same_attention(head_dim, causal):
-    """max_seqlen <= 256 picks another forward kernel (64-row tiles, two per CTA): it must match
-    the reference like the default one, including length-0 and length-1 sequences."""
+    """max_seqlen <= 256 picks another forward kernel (64-row tiles, two per CTA; D = 256 has
+    one kernel and ignores it): it must match the reference like the default one, including
+    length-0 and length-1 sequences."""
     lengths = [17, 0, 1, 200, 64, 65, 129, 256, 3, 97]
     batch = make_batch(61, q_lengths=lengths, heads=4, head_dim=head_dim, device="cuda")
     tol_out, _ = TOLERANCES[batch.q.dtype]

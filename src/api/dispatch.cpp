@@ -41,7 +41,7 @@ const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
     if (e == nullptr) {
       std::ostringstream given;
       given << dtype_name(p.dtype) << "/" << p.q.head_dim;
-      fail_argument("launch.backend", "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 (as instantiated in this build)",
+      fail_argument("launch.backend", "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)",
                     given.str(), JF_ERR_UNSUPPORTED);
     }
     if (!device_ok)

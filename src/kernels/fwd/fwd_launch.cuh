@@ -95,20 +95,26 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
 
 // The instantiations per (dtype, head dim): D = 128 with 128- or 64-key blocks, ping-pong or
 // not; D = 64 with two (ping-pong or not) or three consumer warpgroups; both with two
-// independent single-warpgroup pairs (64-key blocks at D = 128: 128 need more shared memory).
+// independent single-warpgroup pairs (64-key blocks at D = 128: 128 need more shared memory);
+// D = 256 with two warpgroups and 32-key blocks only.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
-  if (v.pairs == 2)
-    return run_forward_variant<TileConfig<Element, kHeadDim, false, kHeadDim == 128 ? 64 : 128, 1, 2>>(a, launch, v.schedule,
-                                                                                                   stream);
-  if constexpr (kHeadDim == 128) {
-    if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, false, 64>>(a, launch, v.schedule, stream);
+  if constexpr (kHeadDim == 256) {
+    return run_forward_variant<TileConfig<Element, 256, false, 32>>(a, launch, v.schedule, stream);
   } else {
-    if (v.warpgroups == 3) return run_forward_variant<TileConfig<Element, 64, false, 128, 3>>(a, launch, v.schedule, stream);
+    if (v.pairs == 2)
+      return run_forward_variant<TileConfig<Element, kHeadDim, false, kHeadDim == 128 ? 64 : 128, 1, 2>>(
+          a, launch, v.schedule, stream);
+    if constexpr (kHeadDim == 128) {
+      if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, false, 64>>(a, launch, v.schedule, stream);
+    } else {
+      if (v.warpgroups == 3)
+        return run_forward_variant<TileConfig<Element, 64, false, 128, 3>>(a, launch, v.schedule, stream);
+    }
+    return v.ping_pong ? run_forward_variant<TileConfig<Element, kHeadDim, true>>(a, launch, v.schedule, stream)
+                       : run_forward_variant<TileConfig<Element, kHeadDim, false>>(a, launch, v.schedule, stream);
   }
-  return v.ping_pong ? run_forward_variant<TileConfig<Element, kHeadDim, true>>(a, launch, v.schedule, stream)
-                     : run_forward_variant<TileConfig<Element, kHeadDim, false>>(a, launch, v.schedule, stream);
 }
 
 }  // namespace jagflash::kernels::fwd

@@ -11,7 +11,9 @@ namespace jagflash::kernels::fwd {
 //   are an option, where the GEMMs of one block are half as long and the softmax (as long as at
 //   D = 128) needs more GEMM time from the other warpgroups to hide behind.
 // kBlockN keys per block: 128 by default (S 64 x 128 fp32 and O 64 x D fp32 fit the consumer
-//   registers with P in bf16); 64 wastes less of short sequences' last block.
+//   registers with P in bf16); 64 wastes less of short sequences' last block. D = 256 takes 32:
+//   O alone is 128 fp32 registers a thread, and one Q buffer (64 KB), the O staging tile (66 KB)
+//   and two K/V stages of 32 keys (64 KB) fill the shared memory.
 // kStages K/V stages: as many as fit (up to 4) next to two Q buffers and the O staging tile in
 //   the 227 KB a CTA may use: 2 at D = 128 with 128-key blocks (231.7 KB of 232448 bytes).
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
@@ -44,8 +46,9 @@ struct TileConfig {
   static constexpr int kOStagingBytes = kBlockM * kOSmemStride * int(sizeof(Element));
   static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
   // Two Q buffers: the next tile's Q loads while the current one runs. With two pairs there is
-  // room for one each (two would leave a single K/V stage); the other pair hides the wait.
-  static constexpr int kQBuffers = kPairs == 1 ? 2 : 1;
+  // room for one each (two would leave a single K/V stage); the other pair hides the wait. At
+  // D = 256 a second 64 KB Q buffer does not fit next to two K/V stages.
+  static constexpr int kQBuffers = kPairs == 1 && kHeadDim <= 128 ? 2 : 1;
   static constexpr int kFitStages = (kPairSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
@@ -58,8 +61,10 @@ struct TileConfig {
   static constexpr int kProducerRegisters = kAllConsumerWarpgroups == 2 ? 56 : 32;
   static constexpr int kConsumerRegisters = kAllConsumerWarpgroups == 2 ? 224 : 160;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper forward serves head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128, "key blocks of 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper forward serves head dims 64, 128, 256");
+  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256),
+                "key blocks of 64 or 128 (32 at D = 256)");
+  static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2), "D = 256: one pair, two warpgroups");
   static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3, "two or three consumer warpgroups");
   static_assert(kPairs == 1 || (kPairs == 2 && kConsumerWarpgroups == 1 && !kPingPong),
                 "two pairs of one consumer warpgroup each, or one pair");

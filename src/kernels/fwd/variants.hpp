@@ -68,6 +68,7 @@ struct ForwardKnobs {
 //  - everything else: two warpgroups, 128-key blocks, no ping-pong. (64-key blocks won only on
 //    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
 //    on short: 198.6 vs 198.4 TFLOP/s.)
+//  - D = 256: two warpgroups, 32-key blocks, whatever the hint and the knobs (but the schedule).
 //  - a max_seqlen hint of at most kPairsMaxSeqlen (every sequence that short): two independent
 //    single-warpgroup pairs with 64-row tiles (session 9, on short, lengths 16..256: +7% / +15%
 //    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
@@ -87,6 +88,11 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const Forward
     v.warpgroups = 1;
     v.block_n = a.problem.q.head_dim == 128 ? 64 : 128;
     v.ping_pong = false;
+  }
+  if (a.problem.q.head_dim == 256) {  // one variant (tile_config.hpp: shared memory); the schedule knob applies
+    v = ForwardVariant{};
+    v.block_n = 32;
+    v.schedule = k.schedule;
   }
   return v;
 }
