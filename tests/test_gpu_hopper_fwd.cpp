@@ -227,16 +227,9 @@ TEST(GpuHopperForward, MisusedPlanReuseWritesNothingAndIsReported) {
     EXPECT_LE(lse_max_abs_diff(batch, slow), 1e-3);
   };
 
-  fa.launch.reuse_plan = 1;
-  expect_refused(fa, g, "no plan built yet (zeroed workspace)");
-  fa.launch.reuse_plan = 0;
-  expect_served(fa, g, "built (128-row tiles)");
-  fa.launch.reuse_plan = 1;
-  expect_served(fa, g, "reused as built");
   // Hint 256 picks the two-pair variant (64-row tiles) by default; under a benchmark knob that
   // forces one variant (scripts/gpu-check.sh runs these tests under each) both hints share it
-  // and the reuse is valid.
-  fa.launch.max_seqlen_hint = 256;
+  // and reusing the plan across them is valid.
   auto tiles_of = [&](int32_t hint, const kernels::fwd::ForwardKnobs& knobs) {
     jf_fwd_args x = fa;
     x.launch.max_seqlen_hint = hint;
@@ -244,16 +237,34 @@ TEST(GpuHopperForward, MisusedPlanReuseWritesNothingAndIsReported) {
     return std::make_pair(v.block_m(), v.block_n);
   };
   ASSERT_NE(tiles_of(0, {}), tiles_of(256, {})) << "without knobs the two hints pick different tiles";
-  if (tiles_of(0, kernels::fwd::ForwardKnobs::get()) != tiles_of(256, kernels::fwd::ForwardKnobs::get()))
-    expect_refused(fa, g, "reused under another variant");
-  else
-    expect_served(fa, g, "reused under another hint, same variant (a knob forces it)");
-  fo.launch.reuse_plan = 1;
-  expect_refused(fo, other, "reused for another batch");
-  fa.launch.reuse_plan = 0;
-  expect_served(fa, g, "built again under the other variant");
-  fa.launch.reuse_plan = 1;
-  expect_served(fa, g, "reused under it");
+  const bool hints_share_a_variant =
+      tiles_of(0, kernels::fwd::ForwardKnobs::get()) == tiles_of(256, kernels::fwd::ForwardKnobs::get());
+
+  struct Step {
+    bool other_batch;
+    int32_t reuse_plan, hint;
+    bool served;
+    const char* what;
+  };
+  const Step steps[] = {
+      {false, 1, 0, false, "no plan built yet (zeroed workspace)"},
+      {false, 0, 0, true, "built (128-row tiles)"},
+      {false, 1, 0, true, "reused as built"},
+      {false, 1, 256, hints_share_a_variant, "reused under another hint"},
+      {true, 1, 0, false, "reused for another batch"},
+      {false, 0, 256, true, "built again under the other hint"},
+      {false, 1, 256, true, "reused under it"},
+  };
+  for (const Step& step : steps) {
+    jf_fwd_args& a = step.other_batch ? fo : fa;
+    a.launch.reuse_plan = step.reuse_plan;
+    a.launch.max_seqlen_hint = step.hint;
+    GpuBatch& batch = step.other_batch ? other : g;
+    if (step.served)
+      expect_served(a, batch, step.what);
+    else
+      expect_refused(a, batch, step.what);
+  }
 }
 
 TEST(GpuHopperForward, RefusesWhatItCannotServe) {
