@@ -36,6 +36,7 @@ if [ "${QUICK:-0}" != 1 ]; then
     step "check $d" "check_$d.log" "$limit" "$cli" check --dist "$d"
   done
   step "check gemskew causal" check_gemskew_causal.log "$limit" "$cli" check --dist gemskew --causal
+  step "check gemskew D=256" check_gemskew_d256.log "$limit" "$cli" check --dist gemskew --head-dim 256
   step "bench none" bench.log "$limit" "$cli" bench --iters 5 --warmup 1
   step "bench causal" bench_causal.log "$limit" "$cli" bench --iters 5 --warmup 1 --causal
 fi
