@@ -135,14 +135,18 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     on even rounds and reversed on odd ones. On the H200, which of two kernels ran first moved
     their ratio by up to 14% (power and clock carry over from one measurement to the next,
     bench/NOTES.md, session 10); in turns both see the same conditions. A function that raises
-    gets {name: exception} and leaves the rotation. Rounds stop at `iters`, or once the samples
-    taken add up to budget_s per function (at least one round)."""
+    gets {name: exception} and leaves the rotation. A function's warm-up stops early once one
+    sample alone would eat the budget (the fp32 oracle takes seconds a call on big batches).
+    Rounds stop at `iters`, or once the samples taken add up to budget_s per function (at least
+    one round)."""
     results, live = {}, dict(fns)
     times = {name: [] for name in fns}
     for name, fn in list(live.items()):
         try:
             for _ in range(warmup):
-                _sample(fn, device, calls)
+                ms, _ = _sample(fn, device, calls)
+                if ms * calls * iters > budget_s * 1e3:
+                    break
         except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
             results[name] = e
             del live[name]
@@ -169,20 +173,12 @@ def measure(fn, device, warmup, iters, budget_s, calls=1):
     back between two events, divided by `calls`: the host's per-call work (Python, argument
     checks, launches) then overlaps the previous call's kernels, as it does in a training step,
     instead of being counted as idle GPU time. Warm-up calls stop early once one sample alone
-    would eat the budget, and samples stop once the budget is spent (at least one is taken)."""
-    def once():
-        return _sample(fn, device, calls)
-
-    budget_ms = budget_s * 1e3
-    for _ in range(warmup):
-        ms, result = once()
-        if ms * calls * iters > budget_ms:
-            break
-    times = []
-    while len(times) < iters and (not times or sum(times) * calls < budget_ms):
-        ms, result = once()
-        times.append(ms)
-    return statistics.median(times), result
+    would eat the budget, and samples stop once the budget is spent (at least one is taken):
+    measure_interleaved() with one function, raising what fn raises."""
+    timed = measure_interleaved({"fn": fn}, device, warmup, iters, budget_s, calls)["fn"]
+    if isinstance(timed, Exception):
+        raise timed
+    return timed
 
 
 def batch_lengths(name, args):
@@ -210,16 +206,11 @@ def time_forwards(impl_names, inputs, device, args):
             impls[name] = peers.make(name, inputs, compile_flex=not args.no_compile_flex)
         except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
             timed[name] = e
-    if args.fwd_order == "interleaved":
-        fwd = measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup, args.iters,
-                                  args.budget_s, calls=args.fwd_calls)
-    else:
-        fwd = {}
-        for n, i in impls.items():
-            try:
-                fwd[n] = measure(i.forward, device, args.warmup, args.iters, args.budget_s, calls=args.fwd_calls)
-            except Exception as e:  # noqa: BLE001
-                fwd[n] = e
+    groups = [impls] if args.fwd_order == "interleaved" else [{n: i} for n, i in impls.items()]
+    fwd = {}
+    for group in groups:
+        fwd.update(measure_interleaved({n: i.forward for n, i in group.items()}, device, args.warmup, args.iters,
+                                       args.budget_s, calls=args.fwd_calls))
     for n, i in impls.items():
         timed[n] = fwd[n] if isinstance(fwd[n], Exception) else (i, fwd[n])
     return {n: timed[n] for n in impl_names}

@@ -63,11 +63,8 @@ def main():
           "floor TFLOP/s | FA2/floor (best ratio) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for dist in args.dists:
-        lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
+        lengths, offsets, (q, k, v, dout) = peers.benchmark_batch(dist, args.head_dim, gen, heads=args.heads)
         total = sum(lengths)
-        offsets = peers.offsets_of(lengths, "cuda")
-        shape = (total, args.heads, args.head_dim)
-        q, k, v, dout = (torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
         o = torch.empty_like(q)
         moved = forward_bytes(total, args.heads, args.head_dim, q.element_size())
         for mask in args.masks:

@@ -53,17 +53,8 @@ def main():
     print("| dist | mask | per call ms | back to back ms | kernels ms | largest kernels |")
     print("|---|---|---|---|---|---|")
     for dist in args.dists:
-        lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
-        total = sum(lengths)
-        offsets = peers.offsets_of(lengths, "cuda")
-        def draw():
-            shape = (total, 16, args.head_dim)
-            if args.inputs == "uniform":
-                x = torch.rand(shape, generator=gen, device="cuda") * 2 - 1
-            else:
-                x = torch.randn(shape, generator=gen, device="cuda")
-            return x.to(torch.bfloat16).requires_grad_()
-        q, k, v = draw(), draw(), draw()
+        _, offsets, (q, k, v, _) = peers.benchmark_batch(dist, args.head_dim, gen, uniform=args.inputs == "uniform")
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
         for causal in (False, True):
             def fn():
                 return jagflash.jagged_attention(q, k, v, offsets, causal=causal, check_offsets="device")

@@ -41,6 +41,22 @@ def offsets_of(lengths, device):
     return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
 
 
+def benchmark_batch(dist, head_dim, generator, heads=16, uniform=False):
+    """A distribution's batch as the bench scripts draw it: (lengths, offsets, [q, k, v, dout]) with
+    the shared generator's lengths (fixed seed), int32 offsets on the generator's device, and bf16
+    [total, heads, head_dim] tensors from N(0, 1) (compare.py's draw) or, with uniform, U(-1, 1)."""
+    lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
+    device = generator.device
+    shape = (sum(lengths), heads, head_dim)
+
+    def draw():
+        if uniform:
+            return (torch.rand(shape, generator=generator, device=device) * 2 - 1).to(torch.bfloat16)
+        return torch.randn(shape, generator=generator, device=device).to(torch.bfloat16)
+
+    return lengths, offsets_of(lengths, device), [draw() for _ in range(4)]
+
+
 class _Implementation:
     def unpad(self, out, grads):
         """out and gradients as [T, H, D] tensors (only FlexAttention has something to undo)."""

@@ -95,11 +95,7 @@ def main():
     print("| dist | impl | isolated ms | MHz | W | sustained ms | MHz | W | sustained/isolated |")
     print("|---|---|---|---|---|---|---|---|---|")
     for dist in args.dists:
-        lengths = jagflash.generate_lengths(dist, jagflash.DEFAULT_SEED)
-        total = sum(lengths)
-        offsets = peers.offsets_of(lengths, "cuda")
-        q, k, v, dout = (torch.randn((total, 16, 128), generator=gen, device="cuda").to(torch.bfloat16)
-                         for _ in range(4))
+        lengths, offsets, (q, k, v, dout) = peers.benchmark_batch(dist, 128, gen)
         inputs = peers.Inputs(q, k, v, dout, offsets, lengths, args.causal, 0)
         for name in ("jagflash", "FA2 varlen"):
             fn = peers.make(name, inputs).forward

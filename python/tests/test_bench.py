@@ -127,3 +127,21 @@ def test_bar_table_holds_jagflash_over_fa2_against_the_bar():
     assert "D = 64" not in text  # uniform1k at D = 64 has no bar
     assert "Bar met on 1 of 2 cases" in text
     assert report.bar_table([row("jagflash", "short", "none", 64, 1.0)]) is None
+
+
+def test_benchmark_batch_draws_the_distribution_in_bf16():
+    import peers
+
+    def batch(uniform):
+        return peers.benchmark_batch("pareto", 8, torch.Generator().manual_seed(3), heads=2, uniform=uniform)
+
+    lengths, offsets, tensors = batch(False)
+    assert lengths == jagflash.generate_lengths("pareto", jagflash.DEFAULT_SEED)
+    assert offsets.dtype == torch.int32 and offsets[0] == 0 and int(offsets[-1]) == sum(lengths)
+    assert len(tensors) == 4
+    for t in tensors:
+        assert t.shape == (sum(lengths), 2, 8) and t.dtype == torch.bfloat16
+    assert not torch.equal(tensors[0], tensors[1])  # four independent draws
+    assert torch.equal(tensors[0], batch(False)[2][0])  # the generator's seed fixes them
+    _, _, uniform = batch(True)
+    assert all(t.abs().max() <= 1.0 for t in uniform) and tensors[0].abs().max() > 1.0

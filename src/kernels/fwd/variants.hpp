@@ -77,6 +77,10 @@ inline constexpr int32_t kPairsMaxSeqlen = 256;
 inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
+  if (a.problem.q.head_dim == 256) {  // one shape (tile_config.hpp: shared memory); only the schedule knob applies
+    v.block_n = 32;
+    return v;
+  }
   if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
@@ -88,11 +92,6 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const Forward
     v.warpgroups = 1;
     v.block_n = a.problem.q.head_dim == 128 ? 64 : 128;
     v.ping_pong = false;
-  }
-  if (a.problem.q.head_dim == 256) {  // one variant (tile_config.hpp: shared memory); the schedule knob applies
-    v = ForwardVariant{};
-    v.block_n = 32;
-    v.schedule = k.schedule;
   }
   return v;
 }
