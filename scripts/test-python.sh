@@ -11,10 +11,11 @@ source deps.env
 venv="${JAGFLASH_VENV:-$root/.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 t0=$SECONDS
-"$venv/bin/pip" install --quiet --disable-pip-version-check \
-  "torch==$TORCH_PIP_VERSION" "pytest==$PYTEST_PIP_VERSION" "numpy==$NUMPY_PIP_VERSION"
+scripts/venv-install-torch.sh "$venv" "$TORCH_PIP_VERSION"
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir \
+  "pytest==$PYTEST_PIP_VERSION" "numpy==$NUMPY_PIP_VERSION"
 echo "test-python: torch $TORCH_PIP_VERSION and pytest ready in $((SECONDS - t0)) s"
-"$venv/bin/pip" install --quiet --disable-pip-version-check .
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir .
 # From the tests' folder, so `import jagflash` is the installed package, not python/jagflash.
 cd "$root/python/tests"
 "$venv/bin/python" -c 'import jagflash; print("test-python: jagflash from", jagflash.library_path())'
