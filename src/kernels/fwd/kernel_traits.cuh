@@ -14,6 +14,7 @@
 #include <cutlass/numeric_types.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace jagflash::kernels::fwd {
 
@@ -31,6 +32,7 @@ struct KernelTraits {
   static constexpr int kPairs = Config::kPairs;
   static constexpr int kQBuffers = Config::kQBuffers;
   static constexpr int kConsumerWarpgroups = Config::kConsumerWarpgroups;
+  static constexpr bool kQInRegisters = Config::kQInRegisters;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -50,10 +52,13 @@ struct KernelTraits {
 
   // Each consumer warpgroup owns 64 rows of the tile (one wgmma M); the two are laid out along M
   // so partitioning a 128-row tile by consumer thread index hands each its rows. S = Q K^T reads
-  // both operands from shared memory; O += P V takes P from registers.
+  // both operands from shared memory (Q from registers with kQInRegisters); O += P V takes P
+  // from registers.
   using WgLayout = Layout<Shape<Int<Config::kConsumerWarpgroups>, _1, _1>>;
-  using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>(), WgLayout{}));
+  using MmaAtomQK = std::conditional_t<Config::kQInRegisters,
+                                       decltype(GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>()),
+                                       decltype(GMMA::ss_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>())>;
+  using TiledMmaQK = decltype(make_tiled_mma(MmaAtomQK{}, WgLayout{}));
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, HeadDim, BlockN>, GMMA::Major::K, GMMA::Major::MN>(),
       WgLayout{}));

@@ -47,6 +47,17 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
   }
 }
 
+// Copies this thread's part of the Q tile in shared memory (one buffer) into the A-operand
+// registers of S = Q K^T (kQInRegisters): ldmatrix reads the swizzled tile in the wgmma's
+// register layout.
+template <class Element, class TiledMma, class TS, class TR>
+__device__ __forceinline__ void copy_q_to_registers(TiledMma const& mma, TS const& sQ_buffer, TR& tSrQ, int thread) {
+  auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto thr_q_copy = q_copy.get_thread_slice(thread);
+  Tensor tQrQ = thr_q_copy.retile_D(tSrQ);
+  copy(q_copy, thr_q_copy.partition_S(sQ_buffer), tQrQ);
+}
+
 // The round-th tile of this CTA's pair under the chosen schedule (past the end: no more work).
 // The static schedules treat each pair as a CTA of its own.
 template <class Traits>
@@ -207,7 +218,14 @@ struct Consumer {
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQBuffers{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // smem descriptors (MMA, M, K, buffer)
+    // Q as S's A operand: smem descriptors (MMA, M, K, buffer), or one buffer's registers.
+    constexpr bool kQInRegisters = Traits::kQInRegisters;
+    Tensor tSrQ = [&] {
+      if constexpr (kQInRegisters)
+        return thr_qk.partition_fragment_A(sQ(_, _, 0));
+      else
+        return thr_qk.partition_fragment_A(sQ);
+    }();
     Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, D, keys, stage)
 
@@ -235,6 +253,21 @@ struct Consumer {
       trace.tile_start(trace_thread, q_uses);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
+      if constexpr (kQInRegisters) {
+        // Every S GEMM of the previous tile has completed (waited before its softmax).
+        warpgroup_fence_operand(tSrQ);
+        copy_q_to_registers<Element>(mma_qk, sQ(_, _, q_buf), tSrQ, thread);
+        warpgroup_fence_operand(tSrQ);
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // Q is in registers: the producer may load the next
+      }
+      // S = Q K^T of the block in stage k_stage, issued (not waited for).
+      auto issue_s = [&](uint32_t k_stage) {
+        if constexpr (kQInRegisters)
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/true, /*kWait=*/false>(mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+        else
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+      };
       softmax.reset();
       clear(tOrO);
 
@@ -297,7 +330,7 @@ struct Consumer {
         const uint32_t k_stage = k_uses % kStages;
         EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
         turns.wait_turn();
-        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+        issue_s(k_stage);
         turns.pass_turn();
         probe_next_kv(n_hi > n_lo, 0);  // this block's V is the next block's
         warpgroup_wait<0>();
@@ -321,7 +354,7 @@ struct Consumer {
         }
         turns.wait_turn();
         trace.stamp(trace_thread, kTraceIssue);
-        warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+        issue_s(k_stage);
         OnlineSoftmax<kRows>::rescale(o_rc, correction);  // no GEMM in flight uses O
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
@@ -361,8 +394,10 @@ struct Consumer {
         ++v_uses;
       }
 
-      __syncwarp();
-      if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
+      if constexpr (!kQInRegisters) {
+        __syncwarp();
+        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
+      }
       // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
       // nothing of it stays live in registers across the loop.
       store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);  // ends with a warpgroup barrier

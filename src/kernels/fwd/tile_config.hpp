@@ -22,14 +22,22 @@ namespace jagflash::kernels::fwd {
 //   works alone on its own 64-row tiles with its own producer thread, Q buffer and K/V ring
 //   (half the shared memory each): tiles of short sequences waste fewer rows, and the two
 //   warpgroups never wait for each other, so one's softmax and epilogue overlap the other's GEMMs.
+// kQInRegisters: each consumer warpgroup copies its 64 rows of Q from shared memory into
+//   registers once per tile (ldmatrix) and S = Q K^T takes A from there, so the S GEMMs read only
+//   K from shared memory, and the Q buffer is released to the producer at the tile's start.
+//   Costs 32 registers a thread at D = 128 (16 at D = 64). Measured (bench/NOTES.md, session
+//   12): +4% at D = 64 with two warpgroups under causal, -1 to -5% at D = 128 and on short
+//   sequences (their S GEMMs were not short of shared-memory bandwidth, as predicted), and no
+//   room in the three-warpgroup D = 64 tile (ptxas serialises the wgmmas and spills).
 template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2,
-          int kPairs_ = 1>
+          int kPairs_ = 1, bool kQInRegisters_ = false>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;  // per tile (and pair)
   static constexpr int kPairs = kPairs_;
+  static constexpr bool kQInRegisters = kQInRegisters_;
   static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
