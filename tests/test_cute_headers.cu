@@ -59,6 +59,36 @@ TEST(CuteHeaders, ForwardAccumulatorCoordinatesMatchCute) {
   expect_coords_match<typename Traits128::TiledMmaQK>(Shape<_128, _128>{});
   expect_coords_match<typename Traits128::TiledMmaPV>(Shape<_128, _128>{});
   expect_coords_match<typename Traits64::TiledMmaPV>(Shape<_128, _64>{});
+  // S as an RS wgmma (Q in registers): the mask and softmax read its accumulator the same way.
+  using Traits64QRegs = jagflash::kernels::fwd::KernelTraits<
+      jagflash::kernels::fwd::TileConfig<cutlass::bfloat16_t, 64, jagflash::kernels::fwd::QInRegisters>>;
+  expect_coords_match<typename Traits64QRegs::TiledMmaQK>(Shape<_128, _128>{});
+}
+
+// Each option tag sets its own choice, in any order, and leaves the others at their defaults.
+TEST(CuteHeaders, TileConfigOptionTagsOverrideOnlyTheirOwnChoice) {
+  using namespace jagflash::kernels::fwd;
+  using Default = TileConfig<cutlass::bfloat16_t, 128>;
+  EXPECT_EQ(Default::kBlockN, 128);
+  EXPECT_EQ(Default::kConsumerWarpgroups, 2);
+  EXPECT_EQ(Default::kPairs, 1);
+  EXPECT_FALSE(Default::kPingPong);
+  EXPECT_FALSE(Default::kQInRegisters);
+  using TwoPairs = TileConfig<cutlass::bfloat16_t, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>;
+  EXPECT_EQ(TwoPairs::kBlockN, 64);
+  EXPECT_EQ(TwoPairs::kConsumerWarpgroups, 1);
+  EXPECT_EQ(TwoPairs::kPairs, 2);
+  EXPECT_EQ(TwoPairs::kBlockM, 64);
+  EXPECT_FALSE(TwoPairs::kPingPong);
+  using PingPongQ = TileConfig<cutlass::half_t, 64, QInRegisters, PingPong>;
+  using QPingPong = TileConfig<cutlass::half_t, 64, PingPong, QInRegisters>;
+  EXPECT_TRUE(PingPongQ::kPingPong && PingPongQ::kQInRegisters);
+  EXPECT_EQ(PingPongQ::kPingPong, QPingPong::kPingPong);
+  EXPECT_EQ(PingPongQ::kQInRegisters, QPingPong::kQInRegisters);
+  EXPECT_EQ(PingPongQ::kBlockN, 128);
+  using ThreeWarpgroups = TileConfig<cutlass::bfloat16_t, 64, Warpgroups<3>>;
+  EXPECT_EQ(ThreeWarpgroups::kBlockM, 192);
+  EXPECT_EQ(ThreeWarpgroups::kBlockN, 128);
 }
 
 }  // namespace

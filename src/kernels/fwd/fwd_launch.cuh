@@ -101,23 +101,23 @@ template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
   if constexpr (kHeadDim == 256) {
-    return run_forward_variant<TileConfig<Element, 256, false, 32>>(a, launch, v.schedule, stream);
+    return run_forward_variant<TileConfig<Element, 256, BlockN<32>>>(a, launch, v.schedule, stream);
   } else {
     if (v.pairs == 2)
-      return run_forward_variant<TileConfig<Element, kHeadDim, false, kHeadDim == 128 ? 64 : 128, 1, 2>>(
+      return run_forward_variant<TileConfig<Element, kHeadDim, BlockN<kHeadDim == 128 ? 64 : 128>, Warpgroups<1>, Pairs<2>>>(
           a, launch, v.schedule, stream);
     if constexpr (kHeadDim == 128) {
-      if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, false, 64>>(a, launch, v.schedule, stream);
+      if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
+      return v.ping_pong ? run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream)
+                         : run_forward_variant<TileConfig<Element, 128>>(a, launch, v.schedule, stream);
     } else {
-      if (v.warpgroups == 3)
-        return run_forward_variant<TileConfig<Element, 64, false, 128, 3>>(a, launch, v.schedule, stream);
+      if (v.warpgroups == 3) return run_forward_variant<TileConfig<Element, 64, Warpgroups<3>>>(a, launch, v.schedule, stream);
+      // Q in registers only where it measured a gain: D = 64 with two warpgroups, +1-4% under
+      // causal; at D = 128 it measured -1 to -5%, and the three-warpgroup D = 64 tile has no
+      // registers for it (ptxas serialises its wgmmas and spills).
+      return v.ping_pong ? run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule, stream)
+                         : run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
     }
-    // Q in registers only where it measured a gain: D = 64 with two warpgroups, +4% on every
-    // causal distribution but short; at D = 128 it measured -1 to -5%, and the three-warpgroup
-    // D = 64 tile has no registers for it (ptxas serialises its wgmmas and spills).
-    constexpr bool kQRegs = kHeadDim == 64;
-    return v.ping_pong ? run_forward_variant<TileConfig<Element, kHeadDim, true, 128, 2, 1, kQRegs>>(a, launch, v.schedule, stream)
-                       : run_forward_variant<TileConfig<Element, kHeadDim, false, 128, 2, 1, kQRegs>>(a, launch, v.schedule, stream);
   }
 }
 

@@ -27,21 +27,60 @@ namespace jagflash::kernels::fwd {
 //   K from shared memory, and the Q buffer is released to the producer at the tile's start.
 //   Costs 32 registers a thread at D = 128 (16 at D = 64). Measured (bench/NOTES.md, session
 //   12): +4% at D = 64 with two warpgroups under causal, -1 to -5% at D = 128 and on short
-//   sequences (their S GEMMs were not short of shared-memory bandwidth, as predicted), and no
-//   room in the three-warpgroup D = 64 tile (ptxas serialises the wgmmas and spills).
-template <class Element_, int kHeadDim_, bool kPingPong_ = false, int kBlockN_ = 128, int kConsumerWarpgroups_ = 2,
-          int kPairs_ = 1, bool kQInRegisters_ = false>
+//   sequences (against the prediction: their S GEMMs were not short of shared-memory
+//   bandwidth), and no room in the three-warpgroup D = 64 tile (ptxas serialises the wgmmas and
+//   spills).
+//
+// The choices are named option tags after the dtype and head dim, in any order, each left out
+// keeping its default (no positional list of flags):
+//   TileConfig<Element, 64, Warpgroups<3>>
+//   TileConfig<Element, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>
+struct PingPong {};
+struct QInRegisters {};
+template <int kKeys> struct BlockN {};
+template <int kCount> struct Warpgroups {};
+template <int kCount> struct Pairs {};
+
+namespace detail {
+// Folds the option tags over the defaults: each level overrides (hides) one member of the rest.
+template <class... Options> struct TileOptions;
+template <> struct TileOptions<> {
+  static constexpr bool kPingPong = false;
+  static constexpr bool kQInRegisters = false;
+  static constexpr int kBlockN = 128;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kPairs = 1;
+};
+template <class... Rest> struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
+  static constexpr bool kPingPong = true;
+};
+template <class... Rest> struct TileOptions<QInRegisters, Rest...> : TileOptions<Rest...> {
+  static constexpr bool kQInRegisters = true;
+};
+template <int kKeys, class... Rest> struct TileOptions<BlockN<kKeys>, Rest...> : TileOptions<Rest...> {
+  static constexpr int kBlockN = kKeys;
+};
+template <int kCount, class... Rest> struct TileOptions<Warpgroups<kCount>, Rest...> : TileOptions<Rest...> {
+  static constexpr int kWarpgroups = kCount;
+};
+template <int kCount, class... Rest> struct TileOptions<Pairs<kCount>, Rest...> : TileOptions<Rest...> {
+  static constexpr int kPairs = kCount;
+};
+}  // namespace detail
+
+template <class Element_, int kHeadDim_, class... Options>
 struct TileConfig {
+  using Chosen = detail::TileOptions<Options...>;
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;  // per tile (and pair)
-  static constexpr int kPairs = kPairs_;
-  static constexpr bool kQInRegisters = kQInRegisters_;
+  static constexpr bool kPingPong = Chosen::kPingPong;
+  static constexpr int kConsumerWarpgroups = Chosen::kWarpgroups;  // per tile (and pair)
+  static constexpr int kPairs = Chosen::kPairs;
+  static constexpr bool kQInRegisters = Chosen::kQInRegisters;
   static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
-  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kBlockN = Chosen::kBlockN;
   static constexpr int kThreads = 128 * (1 + kAllConsumerWarpgroups);  // producer warpgroup + consumers
 
   static constexpr int kSmemLimit = 227 * 1024;
