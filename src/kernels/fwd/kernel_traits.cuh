@@ -19,6 +19,9 @@
 namespace jagflash::kernels::fwd {
 
 using namespace cute;
+// The pipelines' mbarriers: a full barrier also counts the bytes its TMA loads deliver.
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
 template <class Config>
 struct KernelTraits {
@@ -159,31 +162,5 @@ struct Params {
   int32_t* tile_counter;
   Schedule schedule;
 };
-
-
-
-template <class Traits>
-__device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
-  TileInfo t;
-  const int32_t pair = p.schedule == Schedule::kGrid ? tile / p.num_heads : p.sorted_pairs[tile / p.num_heads];
-  t.batch = p.pair_batch[pair];
-  t.m_block = p.pair_block[pair];
-  t.q_start = p.q_offsets[t.batch];
-  t.kv_start = p.kv_offsets[t.batch];
-  t.len_q = p.q_offsets[t.batch + 1] - t.q_start;
-  t.len_kv = p.kv_offsets[t.batch + 1] - t.kv_start;
-  if (p.schedule != Schedule::kGrid && p.mask.is_full()) {  // the plan's order: head by head
-    const int32_t q_blocks = (t.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    const schedule::TileInSequence at = schedule::tile_in_sequence(tile, p.num_heads, t.m_block, q_blocks, true);
-    t.head = at.head;
-    t.m_block = at.block;
-  } else {  // the plain grid's (batch, block, head) order, and the plan's under a mask: heads innermost
-    t.head = tile % p.num_heads;
-  }
-  t.kv_head = t.head / p.group;
-  t.kv_blocks = p.mask.kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
-  t.unmasked = p.mask.unmasked_kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
-  return t;
-}
 
 }  // namespace jagflash::kernels::fwd

@@ -1,16 +1,15 @@
-// The forward's two roles inside a persistent CTA (once per pair when kPairs = 2, each pair with
-// its own shared storage).
-//  Scheduler (one thread of the producer warpgroup): takes tiles from the plan through an atomic
-//    counter and decodes them into a ring of tile slots, a few tiles ahead.
-//  Producer (another thread of it): takes the tiles from the ring, publishes each to the
-//    consumers with its Q, and issues the TMA loads: Q once per tile, K and V through the
-//    kStages ring.
+// The forward's main loop inside a persistent CTA (once per pair when kPairs = 2, each pair with
+// its own shared storage); the tiles come from the scheduler thread (scheduler_fwd.cuh).
+//  Producer (one thread of the producer warpgroup): takes the tiles from the ring, publishes
+//    each to the consumers with its Q, and issues the TMA loads: Q once per tile, K and V
+//    through the kStages ring.
 //  Consumers (the pair's warpgroups, 64 rows each): S = Q K^T, mask (only on the peeled blocks),
 //    online softmax, O += P V, then the epilogue.
 #pragma once
 
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
+#include "kernels/fwd/scheduler_fwd.cuh"
 #include "kernels/fwd/softmax.cuh"
 #include "kernels/fwd/trace_fwd.cuh"
 
@@ -20,8 +19,6 @@
 namespace jagflash::kernels::fwd {
 
 using namespace cute;
-using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
-using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
 // Issues a whole warpgroup GEMM over the K blocks of its operands as one wgmma batch.
 // kARegisters: A is a register fragment (P), which must be fenced like the accumulator.
@@ -57,41 +54,6 @@ __device__ __forceinline__ void copy_q_to_registers(TiledMma const& mma, TS cons
   Tensor tQrQ = thr_q_copy.retile_D(tSrQ);
   copy(q_copy, thr_q_copy.partition_S(sQ_buffer), tQrQ);
 }
-
-// The round-th tile of this CTA's pair under the chosen schedule (past the end: no more work).
-// The static schedules treat each pair as a CTA of its own.
-template <class Traits>
-__device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round, int pair) {
-  const int32_t ctas = static_cast<int32_t>(gridDim.x) * Traits::kPairs;
-  const int32_t cta = static_cast<int32_t>(blockIdx.x) * Traits::kPairs + pair;
-  switch (p.schedule) {
-    case Schedule::kZigzag: return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
-    case Schedule::kGrid: return round == 0 ? cta : INT32_MAX;
-    default: return atomicAdd(p.tile_counter, 1);
-  }
-}
-
-// Takes the CTA's tiles from the plan and decodes them into the tile ring, ahead of the
-// producer: the atomic and the decode's dependent loads then overlap the loads and GEMMs of the
-// tiles before. It waits for a slot before taking a tile, so a CTA never holds more than
-// kTileSlots tiles the others could have taken (the last ones: the lightest sequences come last).
-template <class Traits>
-struct Scheduler {
-  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int pair) {
-    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
-    const int32_t total_tiles = *p.num_pairs * p.num_heads;
-    for (uint32_t round = 0;; ++round) {
-      const uint32_t slot = round % kSlots;
-      if (round >= kSlots) EmptyBarrier::wait(&smem.tile_empty[slot], ((round / kSlots) - 1) & 1);
-      const int32_t tile = next_tile(p, static_cast<int32_t>(round), pair);
-      const bool has_tile = tile < total_tiles;
-      if (has_tile) smem.tile[slot] = decode_tile(p, tile);
-      smem.has_tile[slot] = has_tile;
-      EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the producer's wait acquires
-      if (!has_tile) return;
-    }
-  }
-};
 
 template <class Traits>
 struct Producer {
