@@ -220,8 +220,9 @@ struct Consumer {
         warpgroup_fence_operand(tSrQ);
         copy_q_to_registers<Element>(mma_qk, sQ(_, _, q_buf), tSrQ, thread);
         warpgroup_fence_operand(tSrQ);
+        // Q is in registers: the producer may load the next tile's Q into this buffer now.
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // Q is in registers: the producer may load the next
+        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);
       }
       // S = Q K^T of the block in stage k_stage, issued (not waited for).
       auto issue_s = [&](uint32_t k_stage) {
