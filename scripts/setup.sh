@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what a fresh build machine lacks: CUTLASS headers, cuobjdump and nvdisasm (pinned in deps.env)
-# under .deps/, and GoogleTest from Debian when it is missing. Idempotent; run from anywhere.
+# Installs what a fresh build machine lacks: CUTLASS headers, cuobjdump and nvdisasm, clang-format
+# (pinned in deps.env) under .deps/, and GoogleTest from Debian when it is missing. Idempotent; run from anywhere.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
@@ -47,6 +47,23 @@ PY
   rm -rf "$tmp"
 fi
 
+clang_format_dir="$root/.deps/clang-format-$CLANG_FORMAT_PIP_VERSION"
+if [ ! -x "$clang_format_dir/bin/clang-format" ]; then
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --dest "$tmp" "clang-format==$CLANG_FORMAT_PIP_VERSION"
+  python3 - "$tmp" "$clang_format_dir" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "clang_format-*.whl"))[0]
+os.makedirs(os.path.join(dest, "bin"), exist_ok=True)
+out = os.path.join(dest, "bin", "clang-format")
+with zipfile.ZipFile(wheel) as z, z.open("clang_format/data/bin/clang-format") as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.chmod(out, 0o755)
+PY
+  rm -rf "$tmp"
+fi
+
 if [ ! -f /usr/include/gtest/gtest.h ]; then
   if command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -57,4 +74,5 @@ if [ ! -f /usr/include/gtest/gtest.h ]; then
 fi
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || {
   echo "setup: nvcc (CUDA 13) not found; install the CUDA toolkit" >&2; exit 1; }
-echo "setup: CUTLASS $CUTLASS_PIP_VERSION headers in $cutlass_dir, cuobjdump/nvdisasm $CUDA_BINUTILS_PIP_VERSION in $binutils_dir"
+echo "setup: CUTLASS $CUTLASS_PIP_VERSION headers in $cutlass_dir, cuobjdump/nvdisasm $CUDA_BINUTILS_PIP_VERSION in $binutils_dir," \
+  "clang-format $CLANG_FORMAT_PIP_VERSION in $clang_format_dir"

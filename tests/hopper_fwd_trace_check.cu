@@ -9,5 +9,6 @@
 
 namespace jagflash::kernels::fwd {
 using TraceCheckConfig = TileConfig<cutlass::bfloat16_t, 128>;
-template __global__ void forward_kernel<TraceCheckConfig>(const __grid_constant__ Params<KernelTraits<TraceCheckConfig>>);
+template __global__ void forward_kernel<TraceCheckConfig>(
+    const __grid_constant__ Params<KernelTraits<TraceCheckConfig>>);
 }  // namespace jagflash::kernels::fwd

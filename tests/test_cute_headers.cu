@@ -54,8 +54,10 @@ void expect_coords_match(TileShape tile) {
 
 TEST(CuteHeaders, ForwardAccumulatorCoordinatesMatchCute) {
   using namespace cute;
-  using Traits128 = jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::bfloat16_t, 128>>;
-  using Traits64 = jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::half_t, 64>>;
+  using Traits128 =
+      jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::bfloat16_t, 128>>;
+  using Traits64 =
+      jagflash::kernels::fwd::KernelTraits<jagflash::kernels::fwd::TileConfig<cutlass::half_t, 64>>;
   expect_coords_match<typename Traits128::TiledMmaQK>(Shape<_128, _128>{});
   expect_coords_match<typename Traits128::TiledMmaPV>(Shape<_128, _128>{});
   expect_coords_match<typename Traits64::TiledMmaPV>(Shape<_128, _64>{});

@@ -145,8 +145,7 @@ TEST(GeneratorCApi, InvalidArguments) {
             JF_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(jagflash_generate_lengths(nullptr, kDefaultSeed, nullptr, 0, &batch_size),
             JF_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(jagflash_generate_lengths("short", kDefaultSeed, nullptr, 0, nullptr),
-            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(jagflash_generate_lengths("short", kDefaultSeed, nullptr, 0, nullptr), JF_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(batch_size, -7) << "nothing is written on failure";
 
   // Capacity one short of the batch: an error, and neither the buffer nor batch_size is written.
@@ -165,10 +164,11 @@ TEST(GeneratorCApi, VisiblePairsMatchesMaskPolicy) {
     int32_t left;
     int32_t right;
   };
-  const Case cases[] = {{JF_MASK_NONE, -1, -1},   {JF_MASK_CAUSAL, -1, -1}, {JF_MASK_WINDOW, 64, 0},
-                        {JF_MASK_WINDOW, 200, 200}, {JF_MASK_WINDOW, 0, -1}, {JF_MASK_WINDOW, 0, 0},
+  const Case cases[] = {{JF_MASK_NONE, -1, -1},     {JF_MASK_CAUSAL, -1, -1}, {JF_MASK_WINDOW, 64, 0},
+                        {JF_MASK_WINDOW, 200, 200}, {JF_MASK_WINDOW, 0, -1},  {JF_MASK_WINDOW, 0, 0},
                         {JF_MASK_WINDOW, -1, -1}};
-  const int32_t sizes[][2] = {{0, 0}, {0, 5}, {5, 0}, {1, 1}, {129, 129}, {3, 5}, {5, 3}, {1000, 300}, {300, 1000}};
+  const int32_t sizes[][2] = {{0, 0}, {0, 5}, {5, 0},      {1, 1},     {129, 129},
+                              {3, 5}, {5, 3}, {1000, 300}, {300, 1000}};
   for (const Case& c : cases) {
     const MaskPolicy policy = MaskPolicy::from(c.mask, c.left, c.right);
     for (const auto& size : sizes) {

@@ -52,7 +52,8 @@ TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
         s.seed = 77;
         GpuBatch fast = testing::make_gpu_batch(s);
         GpuBatch slow = testing::make_gpu_batch(s);  // same seed, same inputs
-        const jf_fwd_args fa = fast.forward_args(JF_BACKEND_HOPPER), oa = slow.forward_args(JF_BACKEND_ORACLE);
+        const jf_fwd_args fa = fast.forward_args(JF_BACKEND_HOPPER),
+                          oa = slow.forward_args(JF_BACKEND_ORACLE);
         ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
         ASSERT_EQ(jagflash_fwd(&oa), JF_OK) << jagflash_last_error();
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -65,96 +66,100 @@ TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
 TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
   const std::vector<int32_t> len_q = {0, 1, 2, 63, 64, 65, 127, 129, 300, 131, 5, 0, 1000};
   const std::vector<int32_t> len_kv = {3, 1, 0, 64, 65, 63, 129, 127, 17, 500, 200, 0, 999};
-  struct Mask { jf_mask m; int l, r; };
+  struct Mask {
+    jf_mask m;
+    int l, r;
+  };
   uint64_t seed = 500;
   for (int d : {128, 256})
-  for (jf_dtype dtype : {JF_BF16, JF_FP16})
-    for (Mask m : {Mask{JF_MASK_NONE, -1, -1}, Mask{JF_MASK_CAUSAL, -1, -1}, Mask{JF_MASK_WINDOW, 100, 0},
-                   Mask{JF_MASK_WINDOW, 7, 300}, Mask{JF_MASK_WINDOW, -1, 5}, Mask{JF_MASK_WINDOW, 0, 0}})
-      for (int hkv : {4, 1}) {
-        BatchSpec s;
-        s.len_q = len_q;
-        s.len_kv = len_kv;
-        s.heads = 4;
-        s.heads_kv = hkv;
-        s.head_dim = d;
-        s.dtype = dtype;
-        s.mask = m.m;
-        s.window_left = m.l;
-        s.window_right = m.r;
-        s.seed = ++seed;
-        s.row_pad = 8;
-        SCOPED_TRACE("seed " + std::to_string(s.seed) + " D=" + std::to_string(d));
-        GpuBatch g = testing::make_gpu_batch(s);
-        const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
-        ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::vector<int32_t> seqs(len_q.size());
-        for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
-        const testing::SampleCheck c = testing::check_sample_against_reference(g, seqs, /*with_backward=*/false);
-        EXPECT_TRUE(c.finite);
-        EXPECT_TRUE(c.lse_inf_match);
-        EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
-        EXPECT_LE(c.lse_max_abs, 1e-3);
-      }
+    for (jf_dtype dtype : {JF_BF16, JF_FP16})
+      for (Mask m : {Mask{JF_MASK_NONE, -1, -1}, Mask{JF_MASK_CAUSAL, -1, -1}, Mask{JF_MASK_WINDOW, 100, 0},
+                     Mask{JF_MASK_WINDOW, 7, 300}, Mask{JF_MASK_WINDOW, -1, 5}, Mask{JF_MASK_WINDOW, 0, 0}})
+        for (int hkv : {4, 1}) {
+          BatchSpec s;
+          s.len_q = len_q;
+          s.len_kv = len_kv;
+          s.heads = 4;
+          s.heads_kv = hkv;
+          s.head_dim = d;
+          s.dtype = dtype;
+          s.mask = m.m;
+          s.window_left = m.l;
+          s.window_right = m.r;
+          s.seed = ++seed;
+          s.row_pad = 8;
+          SCOPED_TRACE("seed " + std::to_string(s.seed) + " D=" + std::to_string(d));
+          GpuBatch g = testing::make_gpu_batch(s);
+          const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+          ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          std::vector<int32_t> seqs(len_q.size());
+          for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
+          const testing::SampleCheck c =
+              testing::check_sample_against_reference(g, seqs, /*with_backward=*/false);
+          EXPECT_TRUE(c.finite);
+          EXPECT_TRUE(c.lse_inf_match);
+          EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
+          EXPECT_LE(c.lse_max_abs, 1e-3);
+        }
 }
 
 // The output buffer is longer than the view: the rows after the last sequence belong to the
 // caller and must keep their poison, and so must the padding between rows.
 TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
   for (int d : {64, 256}) {
-  SCOPED_TRACE("D=" + std::to_string(d));
-  BatchSpec s;
-  s.len_q = {130, 1, 77};  // every sequence ends inside a 128-row tile
-  s.heads = 2;
-  s.heads_kv = 2;
-  s.head_dim = d;
-  s.row_pad = 8;
-  s.mask = JF_MASK_CAUSAL;
-  GpuBatch g = testing::make_gpu_batch(s);
-  const int64_t extra_rows = 200;
-  const int64_t row_stride = g.out_view.row_stride;
-  testing::DeviceBuffer big((g.total_q() + extra_rows) * row_stride * 2);
-  testing::fill_buffer(big.get(), big.bytes() / 2, JF_BF16, std::nanf(""));
-  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
-  fa.out.data = big.get();
-  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint16_t> host(big.bytes() / 2);
-  big.to_host(host.data());
-  const int64_t written = int64_t(s.heads) * s.head_dim;
-  for (int64_t i = 0; i < static_cast<int64_t>(host.size()); ++i) {
-    const int64_t row = i / row_stride, col = i % row_stride;
-    const bool must_be_written = row < g.total_q() && col < written;
-    const bool is_nan = (host[i] & 0x7f80) == 0x7f80 && (host[i] & 0x7f) != 0;
-    ASSERT_NE(must_be_written, is_nan) << "row " << row << " col " << col;
-  }
+    SCOPED_TRACE("D=" + std::to_string(d));
+    BatchSpec s;
+    s.len_q = {130, 1, 77};  // every sequence ends inside a 128-row tile
+    s.heads = 2;
+    s.heads_kv = 2;
+    s.head_dim = d;
+    s.row_pad = 8;
+    s.mask = JF_MASK_CAUSAL;
+    GpuBatch g = testing::make_gpu_batch(s);
+    const int64_t extra_rows = 200;
+    const int64_t row_stride = g.out_view.row_stride;
+    testing::DeviceBuffer big((g.total_q() + extra_rows) * row_stride * 2);
+    testing::fill_buffer(big.get(), big.bytes() / 2, JF_BF16, std::nanf(""));
+    jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+    fa.out.data = big.get();
+    ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> host(big.bytes() / 2);
+    big.to_host(host.data());
+    const int64_t written = int64_t(s.heads) * s.head_dim;
+    for (int64_t i = 0; i < static_cast<int64_t>(host.size()); ++i) {
+      const int64_t row = i / row_stride, col = i % row_stride;
+      const bool must_be_written = row < g.total_q() && col < written;
+      const bool is_nan = (host[i] & 0x7f80) == 0x7f80 && (host[i] & 0x7f) != 0;
+      ASSERT_NE(must_be_written, is_nan) << "row " << row << " col " << col;
+    }
   }
 }
 
 TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
   for (int d : {128, 256}) {
-  SCOPED_TRACE("D=" + std::to_string(d));
-  BatchSpec s;
-  s.len_q = gen::generate_lengths("gemskew", 5);
-  s.heads = 8;
-  s.heads_kv = 8;
-  s.head_dim = d;
-  s.mask = JF_MASK_CAUSAL;
-  GpuBatch g = testing::make_gpu_batch(s);
-  jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
-  std::vector<unsigned char> first(g.out.bytes()), now(g.out.bytes());
-  std::vector<float> first_lse(g.lse.bytes() / 4), now_lse(g.lse.bytes() / 4);
-  for (int run = 0; run < 100; ++run) {
-    fa.launch.reuse_plan = run % 2;  // odd runs reuse the plan the even runs built
-    ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-    g.out.to_host(run == 0 ? first.data() : now.data());
-    g.lse.to_host(run == 0 ? first_lse.data() : now_lse.data());
-    if (run > 0) {
-      ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size())) << "run " << run;
-      ASSERT_EQ(0, std::memcmp(first_lse.data(), now_lse.data(), now_lse.size() * 4)) << "run " << run;
+    SCOPED_TRACE("D=" + std::to_string(d));
+    BatchSpec s;
+    s.len_q = gen::generate_lengths("gemskew", 5);
+    s.heads = 8;
+    s.heads_kv = 8;
+    s.head_dim = d;
+    s.mask = JF_MASK_CAUSAL;
+    GpuBatch g = testing::make_gpu_batch(s);
+    jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+    std::vector<unsigned char> first(g.out.bytes()), now(g.out.bytes());
+    std::vector<float> first_lse(g.lse.bytes() / 4), now_lse(g.lse.bytes() / 4);
+    for (int run = 0; run < 100; ++run) {
+      fa.launch.reuse_plan = run % 2;  // odd runs reuse the plan the even runs built
+      ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+      g.out.to_host(run == 0 ? first.data() : now.data());
+      g.lse.to_host(run == 0 ? first_lse.data() : now_lse.data());
+      if (run > 0) {
+        ASSERT_EQ(0, std::memcmp(first.data(), now.data(), now.size())) << "run " << run;
+        ASSERT_EQ(0, std::memcmp(first_lse.data(), now_lse.data(), now_lse.size() * 4)) << "run " << run;
+      }
     }
-  }
   }
 }
 
@@ -217,7 +222,8 @@ TEST(GpuHopperForward, MisusedPlanReuseWritesNothingAndIsReported) {
     SCOPED_TRACE(what);
     testing::poison_outputs(batch);
     ASSERT_EQ(jagflash_fwd(&a), JF_OK) << jagflash_last_error();
-    ASSERT_EQ(jagflash_read_device_error(a.launch.workspace, a.launch.stream), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(jagflash_read_device_error(a.launch.workspace, a.launch.stream), JF_OK)
+        << jagflash_last_error();
     GpuBatch slow = testing::make_gpu_batch(batch.spec);  // same seed, same inputs
     const jf_fwd_args oa = slow.forward_args(JF_BACKEND_ORACLE);
     ASSERT_EQ(jagflash_fwd(&oa), JF_OK) << jagflash_last_error();
@@ -277,7 +283,8 @@ TEST(GpuHopperForward, RefusesWhatItCannotServe) {
   GpuBatch g = testing::make_gpu_batch(s);
   jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
   EXPECT_EQ(jagflash_fwd(&fa), JF_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(jagflash_last_error()).find("JF_BACKEND_HOPPER"), std::string::npos) << jagflash_last_error();
+  EXPECT_NE(std::string(jagflash_last_error()).find("JF_BACKEND_HOPPER"), std::string::npos)
+      << jagflash_last_error();
   fa.launch.backend = JF_BACKEND_AUTO;  // AUTO falls back to the oracle for fp32
   EXPECT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
 }

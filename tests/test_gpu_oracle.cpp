@@ -50,14 +50,18 @@ struct MaskCase {
   jf_mask mask;
   int left, right;
 };
-const MaskCase kMasks[] = {{"none", JF_MASK_NONE, -1, -1},   {"causal", JF_MASK_CAUSAL, -1, -1},
-                           {"window(16,0)", JF_MASK_WINDOW, 16, 0}, {"window(5,9)", JF_MASK_WINDOW, 5, 9},
+const MaskCase kMasks[] = {{"none", JF_MASK_NONE, -1, -1},
+                           {"causal", JF_MASK_CAUSAL, -1, -1},
+                           {"window(16,0)", JF_MASK_WINDOW, 16, 0},
+                           {"window(5,9)", JF_MASK_WINDOW, 5, 9},
                            {"window(-1,3)", JF_MASK_WINDOW, -1, 3}};
 
 TEST(GpuOracle, AwkwardLengthsEveryMaskDtypeAndHeadLayout) {
   const std::vector<int32_t> len_q = {0, 1, 2, 63, 64, 65, 127, 129, 17, 131, 5, 0};
   const std::vector<int32_t> len_kv = {3, 1, 0, 64, 65, 63, 129, 127, 17, 97, 200, 0};  // q != kv
-  struct Heads { int h, h_kv; };
+  struct Heads {
+    int h, h_kv;
+  };
   uint64_t seed = 100;
   for (jf_dtype dtype : {JF_BF16, JF_FP16, JF_FP32})
     for (Heads heads : {Heads{4, 4}, Heads{4, 2}, Heads{4, 1}})
@@ -75,8 +79,8 @@ TEST(GpuOracle, AwkwardLengthsEveryMaskDtypeAndHeadLayout) {
         s.seed = ++seed;
         s.row_pad = 8;
         run_and_check(s, JF_BACKEND_AUTO,
-                      std::string(m.name) + " dtype=" + std::to_string(dtype) + " H=" + std::to_string(heads.h) +
-                          " H_kv=" + std::to_string(heads.h_kv));
+                      std::string(m.name) + " dtype=" + std::to_string(dtype) +
+                          " H=" + std::to_string(heads.h) + " H_kv=" + std::to_string(heads.h_kv));
       }
 }
 
@@ -150,18 +154,21 @@ TEST(GpuOracle, InvalidDeviceOffsetsWriteNothing) {
   s.head_dim = 64;
   GpuBatch g = testing::make_gpu_batch(s);
   const std::vector<int32_t> bad = {0, 9, 4, 15};  // decreasing, total right
-  testing::cuda_check(cudaMemcpy(g.d_q_offsets.get(), bad.data(), bad.size() * 4, cudaMemcpyHostToDevice), "bad offsets");
+  testing::cuda_check(cudaMemcpy(g.d_q_offsets.get(), bad.data(), bad.size() * 4, cudaMemcpyHostToDevice),
+                      "bad offsets");
   // Host check: the call fails before anything runs.
   jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
   EXPECT_EQ(jagflash_fwd(&fa), JF_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jagflash_last_error()).find("problem.q_offsets[2]"), std::string::npos) << jagflash_last_error();
+  EXPECT_NE(std::string(jagflash_last_error()).find("problem.q_offsets[2]"), std::string::npos)
+      << jagflash_last_error();
   // Device check: the call is queued, every kernel exits early, the flag reports it.
   fa.launch.offsets_check = JF_CHECK_OFFSETS_DEVICE;
   jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
   ba.launch.offsets_check = JF_CHECK_OFFSETS_DEVICE;
   ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
   EXPECT_EQ(jagflash_read_device_error(fa.launch.workspace, nullptr), JF_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(jagflash_last_error()).find("non-decreasing"), std::string::npos) << jagflash_last_error();
+  EXPECT_NE(std::string(jagflash_last_error()).find("non-decreasing"), std::string::npos)
+      << jagflash_last_error();
   ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
   EXPECT_EQ(jagflash_read_device_error(ba.launch.workspace, nullptr), JF_ERR_INVALID_ARGUMENT);
   std::vector<uint16_t> out(g.out.bytes() / 2), dq(g.dq.bytes() / 2);
@@ -171,7 +178,8 @@ TEST(GpuOracle, InvalidDeviceOffsetsWriteNothing) {
   for (uint16_t x : dq) ASSERT_EQ(x & 0x7f80, 0x7f80) << "dq was written despite invalid offsets";
   // Valid offsets with the device check: the flag reads clean.
   const std::vector<int32_t> good = {0, 4, 13, 15};
-  testing::cuda_check(cudaMemcpy(g.d_q_offsets.get(), good.data(), good.size() * 4, cudaMemcpyHostToDevice), "offsets");
+  testing::cuda_check(cudaMemcpy(g.d_q_offsets.get(), good.data(), good.size() * 4, cudaMemcpyHostToDevice),
+                      "offsets");
   ASSERT_EQ(jagflash_fwd(&fa), JF_OK);
   EXPECT_EQ(jagflash_read_device_error(fa.launch.workspace, nullptr), JF_OK) << jagflash_last_error();
 }
@@ -202,10 +210,15 @@ TEST(GpuOracle, CudaGraphReplayWithNewOffsets) {
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (const std::vector<int32_t>& lengths : {std::vector<int32_t>{40, 7, 90, 0}, std::vector<int32_t>{1, 0, 100, 36}}) {
+  for (const std::vector<int32_t>& lengths :
+       {std::vector<int32_t>{40, 7, 90, 0}, std::vector<int32_t>{1, 0, 100, 36}}) {
     const std::vector<int32_t> offsets = test::offsets_from_lengths(lengths);
-    testing::cuda_check(cudaMemcpy(g.d_q_offsets.get(), offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice), "q offsets");
-    testing::cuda_check(cudaMemcpy(g.d_kv_offsets.get(), offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice), "kv offsets");
+    testing::cuda_check(
+        cudaMemcpy(g.d_q_offsets.get(), offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
+        "q offsets");
+    testing::cuda_check(
+        cudaMemcpy(g.d_kv_offsets.get(), offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
+        "kv offsets");
     g.q_offsets.assign(offsets.begin(), offsets.end());
     g.kv_offsets.assign(offsets.begin(), offsets.end());
     g.spec.len_q.assign(lengths.begin(), lengths.end());
@@ -236,7 +249,8 @@ TEST(GpuOracle, RepeatedRunsAreBitwiseIdentical) {
   GpuBatch g = testing::make_gpu_batch(s);
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
   const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-  std::vector<unsigned char> first_out(g.out.bytes()), first_dk(g.dk.bytes()), out(g.out.bytes()), dk(g.dk.bytes());
+  std::vector<unsigned char> first_out(g.out.bytes()), first_dk(g.dk.bytes()), out(g.out.bytes()),
+      dk(g.dk.bytes());
   for (int run = 0; run < 20; ++run) {
     ASSERT_EQ(jagflash_fwd(&fa), JF_OK);
     ASSERT_EQ(jagflash_bwd(&ba), JF_OK);

@@ -20,7 +20,8 @@ using testing::DeviceBuffer;
 void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv,
                                      const MaskPolicy& mask, const std::string& what) {
   SCOPED_TRACE(what);
-  const std::vector<int32_t> q_off = test::offsets_from_lengths(len_q), kv_off = test::offsets_from_lengths(len_kv);
+  const std::vector<int32_t> q_off = test::offsets_from_lengths(len_q),
+                             kv_off = test::offsets_from_lengths(len_kv);
   const auto batch = static_cast<int32_t>(len_q.size());
   constexpr int kTileM = 128, kTileN = 128;
   const schedule::DevicePlanLayout layout =
@@ -30,9 +31,9 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   DeviceBuffer workspace(layout.total_bytes);
   DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
   const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
-  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
-                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
-                                                      workspace.get(), layout, nullptr));
+  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(
+                             d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN, flag.as<int32_t>(),
+                             stored_key.as<schedule::PlanKey>(), key, workspace.get(), layout, nullptr));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   schedule::PlanKey stored{};
   stored_key.to_host(&stored);
@@ -42,8 +43,9 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   auto array = [&](size_t offset) { return reinterpret_cast<const int32_t*>(ws.data() + offset); };
   const int32_t num_pairs = *array(layout.num_pairs);
 
-  std::vector<schedule::Tile> tiles = schedule::build_tiles(q_off.data(), kv_off.data(), batch, /*num_heads=*/1,
-                                                            mask, {kTileM, kTileN}, schedule::Direction::kForward);
+  std::vector<schedule::Tile> tiles =
+      schedule::build_tiles(q_off.data(), kv_off.data(), batch, /*num_heads=*/1, mask, {kTileM, kTileN},
+                            schedule::Direction::kForward);
   // One head: the device plan lists pairs, whose order does not depend on where the heads go.
   schedule::sort_sequences_heaviest_first(tiles, q_off.data(), kv_off.data(), {kTileM, kTileN}, false);
   ASSERT_EQ(static_cast<size_t>(num_pairs), tiles.size());
@@ -59,7 +61,8 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
     const int32_t b = tiles[i].batch;
     const uint64_t weight =
         schedule::sequence_weight(q_off[b + 1] - q_off[b], kv_off[b + 1] - kv_off[b], {kTileM, kTileN});
-    ASSERT_EQ(keys[i], ((weight + 1) << layout.batch_bits) | static_cast<uint64_t>(batch - 1 - b)) << "position " << i;
+    ASSERT_EQ(keys[i], ((weight + 1) << layout.batch_bits) | static_cast<uint64_t>(batch - 1 - b))
+        << "position " << i;
   }
 }
 
@@ -67,7 +70,8 @@ MaskPolicy window(int32_t left, int32_t right) { return MaskPolicy::from(JF_MASK
 
 TEST(GpuDevicePlan, MatchesTheHostSchedulerInOrderAndCost) {
   const std::vector<MaskPolicy> masks = {MaskPolicy::from(JF_MASK_NONE, -1, -1),
-                                         MaskPolicy::from(JF_MASK_CAUSAL, -1, -1), window(200, 0), window(64, 300)};
+                                         MaskPolicy::from(JF_MASK_CAUSAL, -1, -1), window(200, 0),
+                                         window(64, 300)};
   const std::vector<std::string> mask_names = {"none", "causal", "window(200,0)", "window(64,300)"};
   for (size_t m = 0; m < masks.size(); ++m) {
     for (const std::string& name : gen::distribution_names()) {
@@ -94,8 +98,8 @@ TEST(GpuDevicePlan, FailedBuildClearsTheStoredKey) {
   const schedule::PlanKey key = schedule::plan_key({128, 128}, 2, 9, 9);
   DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{key});  // an older build's
   ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_q.as<int32_t>(), 2, 128, 128,
-                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
-                                                      workspace.get(), layout, nullptr));
+                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(),
+                                                      key, workspace.get(), layout, nullptr));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   schedule::PlanKey stored{};
   stored_key.to_host(&stored);

@@ -29,9 +29,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // at most the float roundoff 2^-24 on top.
 double unit_roundoff(jf_dtype dtype) {
   switch (dtype) {
-    case JF_BF16: return std::ldexp(1.0, -8);
-    case JF_FP16: return std::ldexp(1.0, -11);
-    case JF_FP32: return std::ldexp(1.0, -24);
+    case JF_BF16:
+      return std::ldexp(1.0, -8);
+    case JF_FP16:
+      return std::ldexp(1.0, -11);
+    case JF_FP32:
+      return std::ldexp(1.0, -24);
   }
   return 0.0;
 }
@@ -41,9 +44,12 @@ double unit_roundoff(jf_dtype dtype) {
 // rounding separates them.
 double out_tolerance(jf_dtype dtype) {
   switch (dtype) {
-    case JF_BF16: return 1e-2;
-    case JF_FP16: return 2e-3;
-    case JF_FP32: return 1e-6;
+    case JF_BF16:
+      return 1e-2;
+    case JF_FP16:
+      return 2e-3;
+    case JF_FP32:
+      return 1e-6;
   }
   return 0.0;
 }
@@ -121,8 +127,7 @@ NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double s
         }
         double* o = &res.out[((q0 + i) * H + h) * D];
         for (int64_t j = 0; j < lk; ++j)
-          for (int d = 0; d < D; ++d)
-            o[d] += s[i * lk + j] / l * in.v[((k0 + j) * H_kv + hk) * D + d];
+          for (int d = 0; d < D; ++d) o[d] += s[i * lk + j] / l * in.v[((k0 + j) * H_kv + hk) * D + d];
         res.lse[h * total_q + q0 + i] = m + std::log(l);
       }
     }
@@ -139,9 +144,9 @@ struct MaskCase {
 
 const std::vector<MaskCase>& all_masks() {
   static const std::vector<MaskCase> masks = {
-      {"none", JF_MASK_NONE, -1, -1},          {"causal", JF_MASK_CAUSAL, -1, 0},
-      {"win3_0", JF_MASK_WINDOW, 3, 0},        {"win0_5", JF_MASK_WINDOW, 0, 5},
-      {"win16_16", JF_MASK_WINDOW, 16, 16},    {"winInf_7", JF_MASK_WINDOW, -1, 7},
+      {"none", JF_MASK_NONE, -1, -1},       {"causal", JF_MASK_CAUSAL, -1, 0},
+      {"win3_0", JF_MASK_WINDOW, 3, 0},     {"win0_5", JF_MASK_WINDOW, 0, 5},
+      {"win16_16", JF_MASK_WINDOW, 16, 16}, {"winInf_7", JF_MASK_WINDOW, -1, 7},
       {"win7_Inf", JF_MASK_WINDOW, 7, -1},
   };
   return masks;
@@ -158,9 +163,7 @@ const std::vector<HeadCase>& all_heads() {
   return heads;
 }
 
-MaskPolicy policy_of(const MaskCase& m) {
-  return MaskPolicy::from(m.mask, m.window_left, m.window_right);
-}
+MaskPolicy policy_of(const MaskCase& m) { return MaskPolicy::from(m.mask, m.window_left, m.window_right); }
 
 double scale_of(float scale, int D) {
   return scale != 0.0f ? scale : 1.0 / std::sqrt(static_cast<double>(D));
@@ -189,8 +192,8 @@ struct Grads {
   HostTensor dq, dk, dv;
 };
 
-Grads run_backward(HostBatch& batch, const MaskCase& m, float scale, HostTensor& out,
-                   std::vector<float>& lse, HostTensor& dout, int grad_pad) {
+Grads run_backward(HostBatch& batch, const MaskCase& m, float scale, HostTensor& out, std::vector<float>& lse,
+                   HostTensor& dout, int grad_pad) {
   Grads g{make_tensor(batch.dtype, batch.total_q(), batch.H, batch.D, grad_pad),
           make_tensor(batch.dtype, batch.total_kv(), batch.H_kv, batch.D, grad_pad),
           make_tensor(batch.dtype, batch.total_kv(), batch.H_kv, batch.D, grad_pad)};
@@ -226,8 +229,7 @@ void expect_tensor_near(const HostTensor& got, const std::vector<double>& want, 
         want2 += w * w;
         if (!(std::abs(g - w) <= u * std::abs(w) + abs_slack(got.dtype))) {
           if (bad++ < 3)
-            ADD_FAILURE() << what << " (" << r << "," << h << "," << d << "): got " << g
-                          << " want " << w;
+            ADD_FAILURE() << what << " (" << r << "," << h << "," << d << "): got " << g << " want " << w;
         }
       }
   EXPECT_EQ(bad, 0) << what << ": elements outside the rounding bound";
@@ -250,8 +252,7 @@ void expect_forward_matches(const ForwardResult& got, const NaiveResult& want, j
         for (int d = 0; d < got.out.head_dim; ++d)
           EXPECT_EQ(got.out.get(r, h, d), 0.0) << "out of empty row " << r << " head " << h;
       } else if (!(std::abs(g - w) <= std::ldexp(1.0, -23) * std::abs(w) + 1e-12)) {
-        if (bad++ < 3)
-          ADD_FAILURE() << "lse row " << r << " head " << h << ": got " << g << " want " << w;
+        if (bad++ < 3) ADD_FAILURE() << "lse row " << r << " head " << h << ": got " << g << " want " << w;
       }
     }
   EXPECT_EQ(bad, 0) << "lse elements outside the float rounding bound";
@@ -308,8 +309,8 @@ std::vector<ForwardCase> forward_cases() {
   }
   for (ForwardCase& c : cases)
     c.name = std::string(c.mask.name) + "_" + c.heads.name + "_" + dtype_name(c.dtype) + "_d" +
-             std::to_string(c.D) + "_pad" + std::to_string(c.in_pad) + "_" +
-             std::to_string(c.out_pad) + (c.scale != 0.0f ? "_scaled" : "");
+             std::to_string(c.D) + "_pad" + std::to_string(c.in_pad) + "_" + std::to_string(c.out_pad) +
+             (c.scale != 0.0f ? "_scaled" : "");
   return cases;
 }
 
@@ -318,19 +319,14 @@ class ReferenceForward : public ::testing::TestWithParam<ForwardCase> {};
 TEST_P(ReferenceForward, MatchesDenseNaive) {
   const ForwardCase& c = GetParam();
   SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
-  HostBatch batch =
-      make_random_batch(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, c.D, c.dtype, c.seed, c.in_pad);
+  HostBatch batch = make_random_batch(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, c.D, c.dtype, c.seed, c.in_pad);
   const ForwardResult got = run_forward(batch, c.mask, c.scale, c.out_pad);
-  const NaiveResult want =
-      naive_forward(to_dense(batch), policy_of(c.mask), scale_of(c.scale, c.D));
+  const NaiveResult want = naive_forward(to_dense(batch), policy_of(c.mask), scale_of(c.scale, c.D));
   expect_forward_matches(got, want, c.dtype);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllMasksHeadsDtypes, ReferenceForward,
-                         ::testing::ValuesIn(forward_cases()),
-                         [](const ::testing::TestParamInfo<ForwardCase>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllMasksHeadsDtypes, ReferenceForward, ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<ForwardCase>& info) { return info.param.name; });
 
 TEST(ReferenceForwardScale, ZeroMeansInverseSqrtHeadDim) {
   const uint64_t seed = 2000;
@@ -380,13 +376,11 @@ std::vector<BackwardCase> backward_cases() {
   std::vector<BackwardCase> cases;
   uint64_t seed = 3000;
   for (const MaskCase& m : all_masks())
-    for (const HeadCase& h : all_heads())
-      cases.push_back({std::string(m.name) + "_" + h.name, m, h, seed++});
+    for (const HeadCase& h : all_heads()) cases.push_back({std::string(m.name) + "_" + h.name, m, h, seed++});
   return cases;
 }
 
-double loss_of(const DenseBatch& in, const MaskPolicy& mask, double scale,
-               const std::vector<double>& dout) {
+double loss_of(const DenseBatch& in, const MaskPolicy& mask, double scale, const std::vector<double>& dout) {
   const NaiveResult r = naive_forward(in, mask, scale);
   double loss = 0.0;
   for (size_t i = 0; i < dout.size(); ++i) loss += r.out[i] * dout[i];
@@ -410,8 +404,7 @@ TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
   constexpr int kSamples = 20;
   constexpr double kStep = 1e-4;
   constexpr double kTol = 1e-4;
-  HostBatch batch =
-      make_random_batch(kFdLenQ, kFdLenKv, c.heads.H, c.heads.H_kv, kD, JF_FP32, c.seed, 3);
+  HostBatch batch = make_random_batch(kFdLenQ, kFdLenKv, c.heads.H, c.heads.H_kv, kD, JF_FP32, c.seed, 3);
   HostTensor dout = make_tensor(JF_FP32, batch.total_q(), c.heads.H, kD, 5);
   std::mt19937_64 rng(c.seed ^ 0x5eedULL);
   dout.fill_random(rng);
@@ -483,9 +476,7 @@ TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMasksHeads, ReferenceBackward, ::testing::ValuesIn(backward_cases()),
-                         [](const ::testing::TestParamInfo<BackwardCase>& info) {
-                           return info.param.name;
-                         });
+                         [](const ::testing::TestParamInfo<BackwardCase>& info) { return info.param.name; });
 
 // bf16/fp16 backward against the fp32 backward of the same (rounded) inputs: the math is float64
 // in both, so only the rounding of the gradients separates them.
@@ -551,8 +542,7 @@ void expect_written_only_in_view(const HostTensor& t, const char* what) {
   for (int64_t i = 0; i < t.element_count(); ++i) {
     const double x = t.get_flat(i);
     if (in_view[static_cast<size_t>(i)]) {
-      ASSERT_TRUE(std::isfinite(x) && std::abs(x) < 100.0)
-          << what << " element " << i << " = " << x;
+      ASSERT_TRUE(std::isfinite(x) && std::abs(x) < 100.0) << what << " element " << i << " = " << x;
     } else {
       ++padding;
       ASSERT_EQ(x, sentinel) << what << " padding element " << i << " was overwritten";
@@ -583,8 +573,7 @@ TEST(ReferenceViews, WritesOnlyInsideStrides) {
 
     HostTensor out = make_tensor(dtype, batch.total_q(), kH, kD, 8, 3);
     out.fill(kSentinel);
-    std::vector<float> lse(static_cast<size_t>(kH * batch.total_q()),
-                           static_cast<float>(kSentinel));
+    std::vector<float> lse(static_cast<size_t>(kH * batch.total_q()), static_cast<float>(kSentinel));
     jf_fwd_args fwd{};
     fwd.problem = make_problem(batch, m.mask, m.window_left, m.window_right);
     fwd.out = out.view();
@@ -632,8 +621,8 @@ TEST(ReferenceViews, WritesOnlyInsideStrides) {
 TEST(ReferenceDeterminism, RepeatedRunsAreBitIdentical) {
   const uint64_t seed = 6000;
   SCOPED_TRACE("seed " + std::to_string(seed));
-  HostBatch batch = make_random_batch({300, 257, 512, 1, 0, 129}, {300, 511, 257, 0, 3, 129}, 4, 2,
-                                      64, JF_BF16, seed);
+  HostBatch batch =
+      make_random_batch({300, 257, 512, 1, 0, 129}, {300, 511, 257, 0, 3, 129}, 4, 2, 64, JF_BF16, seed);
   const MaskCase m = all_masks()[1];
   HostTensor dout = make_tensor(JF_BF16, batch.total_q(), 4, 64);
   std::mt19937_64 rng(seed);

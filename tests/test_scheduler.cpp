@@ -36,11 +36,12 @@ MaskPolicy window(int32_t left, int32_t right) {
 // none, causal, and windows on both sides of the tile sizes: (0,0) is one key wide, (3,5) and
 // (16,16) are narrower than every tile used here, (64,0) than the 128 tiles.
 std::vector<NamedMask> all_masks() {
-  return {{"none", window(-1, -1)},     {"causal", window(-1, 0)},   {"window(64,0)", window(64, 0)},
-          {"window(200,200)", window(200, 200)}, {"window(0,-1)", window(0, -1)},
-          {"window(0,0)", window(0, 0)}, {"window(3,5)", window(3, 5)},
-          {"window(16,16)", window(16, 16)}, {"window(-1,7)", window(-1, 7)},
-          {"window(5,-1)", window(5, -1)},  {"window(0,100)", window(0, 100)}};
+  return {{"none", window(-1, -1)},         {"causal", window(-1, 0)},
+          {"window(64,0)", window(64, 0)},  {"window(200,200)", window(200, 200)},
+          {"window(0,-1)", window(0, -1)},  {"window(0,0)", window(0, 0)},
+          {"window(3,5)", window(3, 5)},    {"window(16,16)", window(16, 16)},
+          {"window(-1,7)", window(-1, 7)},  {"window(5,-1)", window(5, -1)},
+          {"window(0,100)", window(0, 100)}};
 }
 
 std::vector<TileShape> all_shapes() { return {{128, 128}, {64, 128}, {128, 64}, {32, 16}}; }
@@ -116,8 +117,8 @@ int64_t blocks_of(int64_t length, int tile) { return (length + tile - 1) / tile;
 
 // The tiles build_tiles must return, enumerated from the definition: a block belongs to the
 // sequence when at least one of its rows is inside the sequence.
-std::vector<std::tuple<int, int, int>> enumerate_tiles(const Batch& batch, int num_heads,
-                                                       TileShape shape, Direction d) {
+std::vector<std::tuple<int, int, int>> enumerate_tiles(const Batch& batch, int num_heads, TileShape shape,
+                                                       Direction d) {
   std::vector<std::tuple<int, int, int>> tiles;
   const int own_tile = d == Direction::kForward ? shape.tile_m : shape.tile_n;
   for (int b = 0; b < batch.size(); ++b) {
@@ -137,11 +138,13 @@ std::vector<std::tuple<int, int, int>> enumerate_tiles(const Batch& batch, int n
 // n hold at least one visible pair, from MaskPolicy::visible over every pair.
 std::vector<std::vector<bool>> touched_blocks(const MaskPolicy& mask, int64_t lq, int64_t lk,
                                               TileShape shape) {
-  std::vector<std::vector<bool>> touched(static_cast<size_t>(blocks_of(lq, shape.tile_m)),
-                                         std::vector<bool>(static_cast<size_t>(blocks_of(lk, shape.tile_n)), false));
+  std::vector<std::vector<bool>> touched(
+      static_cast<size_t>(blocks_of(lq, shape.tile_m)),
+      std::vector<bool>(static_cast<size_t>(blocks_of(lk, shape.tile_n)), false));
   for (int64_t i = 0; i < lq; ++i) {
     for (int64_t j = 0; j < lk; ++j) {
-      if (mask.visible(i, j, lq, lk)) touched[static_cast<size_t>(i / shape.tile_m)][static_cast<size_t>(j / shape.tile_n)] = true;
+      if (mask.visible(i, j, lq, lk))
+        touched[static_cast<size_t>(i / shape.tile_m)][static_cast<size_t>(j / shape.tile_n)] = true;
     }
   }
   return touched;
@@ -218,8 +221,8 @@ TEST(Scheduler, EmptySidesAndZeroCostTiles) {
   const Batch batch = make_batch({130, 0, 64}, {0, 70, 64});
   const MaskPolicy causal = window(-1, 0);
   const TileShape shape{64, 64};
-  const std::vector<Tile> fwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
-                                            batch.size(), 1, causal, shape, Direction::kForward);
+  const std::vector<Tile> fwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), 1,
+                                            causal, shape, Direction::kForward);
   // Sequence 0: 3 q blocks, no keys; sequence 1: no queries; sequence 2: one block, one kv block.
   ASSERT_EQ(fwd.size(), 4u);
   for (int t = 0; t < 3; ++t) {
@@ -230,8 +233,8 @@ TEST(Scheduler, EmptySidesAndZeroCostTiles) {
   EXPECT_EQ(fwd[3].batch, 2);
   EXPECT_EQ(fwd[3].cost, 1);
 
-  const std::vector<Tile> bwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
-                                            batch.size(), 1, causal, shape, Direction::kBackward);
+  const std::vector<Tile> bwd = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), 1,
+                                            causal, shape, Direction::kBackward);
   ASSERT_EQ(bwd.size(), 3u);  // sequence 1: 2 kv blocks no query sees; sequence 2: 1
   EXPECT_EQ(bwd[0].batch, 1);
   EXPECT_EQ(bwd[0].cost, 0);
@@ -242,8 +245,8 @@ TEST(Scheduler, EmptySidesAndZeroCostTiles) {
 
   // Lq > Lk with a one-key window: the top 60 queries see nothing (i + shift < 0).
   const Batch tall = make_batch({128}, {68});
-  const std::vector<Tile> tall_fwd = build_tiles(tall.q_offsets.data(), tall.kv_offsets.data(), 1,
-                                                 1, window(0, 0), {32, 32}, Direction::kForward);
+  const std::vector<Tile> tall_fwd = build_tiles(tall.q_offsets.data(), tall.kv_offsets.data(), 1, 1,
+                                                 window(0, 0), {32, 32}, Direction::kForward);
   ASSERT_EQ(tall_fwd.size(), 4u);
   EXPECT_EQ(tall_fwd[0].cost, 0);
   EXPECT_EQ(tall_fwd[1].cost, 1);  // rows 32..63 see keys 0..3
@@ -251,16 +254,15 @@ TEST(Scheduler, EmptySidesAndZeroCostTiles) {
   EXPECT_EQ(tall_fwd[3].cost, 2);  // rows 96..127 see keys 36..67
 
   const Batch none = make_batch({}, {});
-  EXPECT_TRUE(build_tiles(none.q_offsets.data(), none.kv_offsets.data(), 0, 4, causal, shape,
-                          Direction::kForward)
-                  .empty());
+  EXPECT_TRUE(
+      build_tiles(none.q_offsets.data(), none.kv_offsets.data(), 0, 4, causal, shape, Direction::kForward)
+          .empty());
 }
 
 TEST(Scheduler, RejectsDecreasingOffsets) {
   const std::vector<int32_t> q_offsets{0, 10, 5};
   const std::vector<int32_t> kv_offsets{0, 10, 20};
-  EXPECT_THROW(build_tiles(q_offsets.data(), kv_offsets.data(), 2, 1, MaskPolicy{}, {},
-                           Direction::kForward),
+  EXPECT_THROW(build_tiles(q_offsets.data(), kv_offsets.data(), 2, 1, MaskPolicy{}, {}, Direction::kForward),
                std::invalid_argument);
   EXPECT_THROW(zigzag_assign({}, 0), std::invalid_argument);
   EXPECT_THROW(makespan_dynamic({}, 0), std::invalid_argument);
@@ -272,8 +274,8 @@ TEST(Scheduler, SortLongestFirst) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Batch batch = random_batch(seed);
     for (const Direction d : kDirections) {
-      std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
-                                            batch.size(), kHeads, window(-1, 0), {64, 64}, d);
+      std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
+                                            kHeads, window(-1, 0), {64, 64}, d);
       const std::vector<Tile> original = tiles;
       // Start from a scrambled order: the result must not depend on the input's order.
       std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
@@ -305,15 +307,15 @@ TEST(Scheduler, SortSequencesHeaviestFirst) {
     const bool heads_outer = seed % 2 == 0;
     SCOPED_TRACE("seed " + std::to_string(seed) + (heads_outer ? " heads outer" : " heads inner"));
     const Batch batch = random_batch(seed);
-    std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), kHeads,
-                                          window(-1, 0), shape, Direction::kForward);
+    std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
+                                          kHeads, window(-1, 0), shape, Direction::kForward);
     const std::vector<Tile> original = tiles;
     std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
     sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
     ASSERT_EQ(tiles.size(), original.size());
     auto weight = [&](int32_t b) {
-      return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b], batch.kv_offsets[b + 1] - batch.kv_offsets[b],
-                             shape);
+      return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b],
+                             batch.kv_offsets[b + 1] - batch.kv_offsets[b], shape);
     };
     std::set<int32_t> finished;  // sequences whose tiles have all gone by
     for (size_t t = 1; t < tiles.size(); ++t) {
@@ -357,25 +359,28 @@ TEST(Scheduler, TileInSequenceDecodesThePlanOrder) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Batch batch = random_batch(seed);
     for (const int heads : {1, 3, kHeads})
-    for (const bool heads_outer : {false, true}) {
-      std::vector<Tile> pairs = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), 1,
-                                            window(-1, 0), shape, Direction::kForward);
-      std::vector<Tile> want = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), heads,
-                                           window(-1, 0), shape, Direction::kForward);
-      sort_sequences_heaviest_first(pairs, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
-      sort_sequences_heaviest_first(want, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
-      ASSERT_EQ(want.size(), pairs.size() * static_cast<size_t>(heads));
-      for (size_t t = 0; t < want.size(); ++t) {
-        const Tile& pair = pairs[t / static_cast<size_t>(heads)];
-        const int32_t len_q = batch.q_offsets[pair.batch + 1] - batch.q_offsets[pair.batch];
-        const TileInSequence at =
-            tile_in_sequence(static_cast<int32_t>(t), heads, pair.block, (len_q + shape.tile_m - 1) / shape.tile_m,
-                             heads_outer);
-        ASSERT_EQ(pair.batch, want[t].batch) << "tile " << t << " heads " << heads << " outer " << heads_outer;
-        ASSERT_EQ(at.head, want[t].head) << "tile " << t << " heads " << heads << " outer " << heads_outer;
-        ASSERT_EQ(at.block, want[t].block) << "tile " << t << " heads " << heads << " outer " << heads_outer;
+      for (const bool heads_outer : {false, true}) {
+        std::vector<Tile> pairs = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
+                                              1, window(-1, 0), shape, Direction::kForward);
+        std::vector<Tile> want = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
+                                             heads, window(-1, 0), shape, Direction::kForward);
+        sort_sequences_heaviest_first(pairs, batch.q_offsets.data(), batch.kv_offsets.data(), shape,
+                                      heads_outer);
+        sort_sequences_heaviest_first(want, batch.q_offsets.data(), batch.kv_offsets.data(), shape,
+                                      heads_outer);
+        ASSERT_EQ(want.size(), pairs.size() * static_cast<size_t>(heads));
+        for (size_t t = 0; t < want.size(); ++t) {
+          const Tile& pair = pairs[t / static_cast<size_t>(heads)];
+          const int32_t len_q = batch.q_offsets[pair.batch + 1] - batch.q_offsets[pair.batch];
+          const TileInSequence at = tile_in_sequence(static_cast<int32_t>(t), heads, pair.block,
+                                                     (len_q + shape.tile_m - 1) / shape.tile_m, heads_outer);
+          ASSERT_EQ(pair.batch, want[t].batch)
+              << "tile " << t << " heads " << heads << " outer " << heads_outer;
+          ASSERT_EQ(at.head, want[t].head) << "tile " << t << " heads " << heads << " outer " << heads_outer;
+          ASSERT_EQ(at.block, want[t].block)
+              << "tile " << t << " heads " << heads << " outer " << heads_outer;
+        }
       }
-    }
   }
 }
 
@@ -393,9 +398,8 @@ TEST(Scheduler, ZigzagAssign) {
   EXPECT_EQ(makespan(eight, small), 10 + 5 + 4);
 
   const Batch batch = random_batch(7);
-  std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(),
-                                        batch.size(), kHeads, MaskPolicy{}, {32, 32},
-                                        Direction::kForward);
+  std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), kHeads,
+                                        MaskPolicy{}, {32, 32}, Direction::kForward);
   sort_longest_first(tiles);
   const int n_tiles = static_cast<int>(tiles.size());
   for (const int num_sms : {1, 2, 3, 7, 132, n_tiles, n_tiles + 5}) {
@@ -448,34 +452,35 @@ TEST(Scheduler, MakespanOnBenchmarkDistributions) {
   constexpr int kNumSms = 132;
   const TileShape shape{128, 128};
   const std::vector<NamedMask> masks = {{"none", window(-1, -1)}, {"causal", window(-1, 0)}};
-  std::cout << std::left << std::setw(10) << "dist" << std::setw(9) << "dir" << std::setw(8)
-            << "mask" << std::right << std::setw(8) << "tiles" << std::setw(10) << "bound"
-            << std::setw(10) << "zigzag" << std::setw(10) << "dynamic" << "\n";
+  std::cout << std::left << std::setw(10) << "dist" << std::setw(9) << "dir" << std::setw(8) << "mask"
+            << std::right << std::setw(8) << "tiles" << std::setw(10) << "bound" << std::setw(10) << "zigzag"
+            << std::setw(10) << "dynamic"
+            << "\n";
   for (const std::string& name : gen::distribution_names()) {
     const std::vector<int32_t> lengths = gen::generate_lengths(name, gen::kDefaultSeed);
     const std::vector<int32_t> offsets = offsets_of(lengths);
     for (const Direction d : kDirections) {
       for (const NamedMask& mask : masks) {
         SCOPED_TRACE(name + ", " + describe(mask, shape, d));
-        std::vector<Tile> tiles = build_tiles(offsets.data(), offsets.data(),
-                                              static_cast<int>(lengths.size()), kNumHeads,
-                                              mask.policy, shape, d);
+        std::vector<Tile> tiles =
+            build_tiles(offsets.data(), offsets.data(), static_cast<int>(lengths.size()), kNumHeads,
+                        mask.policy, shape, d);
         sort_longest_first(tiles);
         const double bound = makespan_lower_bound(tiles, kNumSms);
         const double zigzag = static_cast<double>(makespan(tiles, zigzag_assign(tiles, kNumSms))) / bound;
         const double dynamic = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
-        std::cout << std::left << std::setw(10) << name << std::setw(9) << direction_name(d)
-                  << std::setw(8) << mask.name << std::right << std::setw(8) << tiles.size()
-                  << std::setw(10) << std::fixed << std::setprecision(1) << bound << std::setw(10)
-                  << std::setprecision(4) << zigzag << std::setw(10) << dynamic << "\n";
+        std::cout << std::left << std::setw(10) << name << std::setw(9) << direction_name(d) << std::setw(8)
+                  << mask.name << std::right << std::setw(8) << tiles.size() << std::setw(10) << std::fixed
+                  << std::setprecision(1) << bound << std::setw(10) << std::setprecision(4) << zigzag
+                  << std::setw(10) << dynamic << "\n";
         EXPECT_LE(zigzag, 4.0 / 3.0);
         EXPECT_LE(dynamic, 4.0 / 3.0);
         if (d == Direction::kForward) {
           // The forward plan's order (sequences together) under the dynamic schedule it runs.
           sort_sequences_heaviest_first(tiles, offsets.data(), offsets.data(), shape, mask.policy.is_full());
           const double grouped = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
-          std::cout << std::left << std::setw(35) << "  forward plan order, dynamic" << std::right << std::setw(30)
-                    << std::setprecision(4) << grouped << "\n";
+          std::cout << std::left << std::setw(35) << "  forward plan order, dynamic" << std::right
+                    << std::setw(30) << std::setprecision(4) << grouped << "\n";
           EXPECT_LE(grouped, 4.0 / 3.0);
         }
       }

@@ -39,7 +39,7 @@ TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
       {128, JF_MASK_NONE, 8, 4096, 128, 2},
       {128, JF_MASK_NONE, 2048, 2048 * 136, 128, 2},  // short sequences: 64-key blocks are no faster
       {128, JF_MASK_CAUSAL, 8, 4096, 128, 2},
-      {64, JF_MASK_NONE, 8, 4096, 128, 3},            // D = 64 unmasked: three consumer warpgroups
+      {64, JF_MASK_NONE, 8, 4096, 128, 3},  // D = 64 unmasked: three consumer warpgroups
       {64, JF_MASK_NONE, 2048, 2048 * 136, 128, 3},
       {64, JF_MASK_CAUSAL, 8, 4096, 128, 2},
       {64, JF_MASK_WINDOW, 8, 4096, 128, 2},

@@ -43,7 +43,8 @@ void apply_mask(const Options& o, BatchSpec& s) {
 
 std::string mask_label(const BatchSpec& s) {
   if (s.mask == JF_MASK_CAUSAL) return "causal";
-  if (s.mask == JF_MASK_WINDOW) return "window(" + std::to_string(s.window_left) + "," + std::to_string(s.window_right) + ")";
+  if (s.mask == JF_MASK_WINDOW)
+    return "window(" + std::to_string(s.window_left) + "," + std::to_string(s.window_right) + ")";
   return "none";
 }
 
@@ -97,8 +98,10 @@ std::vector<int32_t> pick_sample(const std::vector<int32_t>& lengths, uint64_t s
   auto add = [&](int32_t b) {
     if (std::find(sample.begin(), sample.end(), b) == sample.end()) sample.push_back(b);
   };
-  add(*std::min_element(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
-  add(*std::max_element(eligible.begin(), eligible.end(), [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
+  add(*std::min_element(eligible.begin(), eligible.end(),
+                        [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
+  add(*std::max_element(eligible.begin(), eligible.end(),
+                        [&](int32_t a, int32_t b) { return lengths[a] < lengths[b]; }));
   std::mt19937_64 rng(seed);
   for (int tries = 0; tries < 100 && static_cast<int>(sample.size()) < kSampleSequences; ++tries)
     add(eligible[rng() % eligible.size()]);
@@ -168,12 +171,14 @@ int run_cpu(const Options& o, const char* why) {
   small.head_dim = 64;
   small.dtype = "fp32";  // the check below is a finite difference: it needs fp32 inputs
   const BatchSpec s = spec_for(small, lengths);
-  std::printf("jagflash %s run on the CPU reference (%s): scaled-down gemskew (first %d sequences, lengths / %d, "
-              "%lld tokens), H=%d H_kv=%d D=%d fp32 mask=%s\n",
-              jagflash_version(), why, kCpuBatch, kCpuLengthDivisor,
-              static_cast<long long>(test::offsets_from_lengths(lengths).back()), s.heads, s.heads_kv, s.head_dim,
-              mask_label(s).c_str());
-  test::HostBatch h = test::make_random_batch(lengths, lengths, s.heads, s.heads_kv, s.head_dim, JF_FP32, o.seed);
+  std::printf(
+      "jagflash %s run on the CPU reference (%s): scaled-down gemskew (first %d sequences, lengths / %d, "
+      "%lld tokens), H=%d H_kv=%d D=%d fp32 mask=%s\n",
+      jagflash_version(), why, kCpuBatch, kCpuLengthDivisor,
+      static_cast<long long>(test::offsets_from_lengths(lengths).back()), s.heads, s.heads_kv, s.head_dim,
+      mask_label(s).c_str());
+  test::HostBatch h =
+      test::make_random_batch(lengths, lengths, s.heads, s.heads_kv, s.head_dim, JF_FP32, o.seed);
   test::HostTensor dout = test::make_tensor(JF_FP32, h.total_q(), h.H, h.D);
   std::mt19937_64 rng(o.seed + 7);
   dout.fill_random(rng);
@@ -208,7 +213,11 @@ int run_cpu(const Options& o, const char* why) {
   // a time: checks that the backward is the derivative of the forward.
   constexpr double kStep = 1e-3;
   double worst = 0;
-  struct Input { const char* name; test::HostTensor* x; const test::HostTensor* grad; };
+  struct Input {
+    const char* name;
+    test::HostTensor* x;
+    const test::HostTensor* grad;
+  };
   for (Input in : {Input{"q", &h.q, &dq}, Input{"k", &h.k, &dk}, Input{"v", &h.v, &dv}}) {
     test::HostTensor dir = test::make_tensor(JF_FP32, in.x->rows, in.x->heads, in.x->head_dim);
     dir.fill_random(rng);
@@ -220,7 +229,8 @@ int run_cpu(const Options& o, const char* why) {
     auto shifted_loss = [&](double t) {
       for (int64_t r = 0; r < dir.rows; ++r)
         for (int hh = 0; hh < dir.heads; ++hh)
-          for (int d = 0; d < dir.head_dim; ++d) in.x->set(r, hh, d, saved.get(r, hh, d) + t * dir.get(r, hh, d));
+          for (int d = 0; d < dir.head_dim; ++d)
+            in.x->set(r, hh, d, saved.get(r, hh, d) + t * dir.get(r, hh, d));
       return loss_of(h, s, dout);
     };
     const double measured = (shifted_loss(kStep) - shifted_loss(-kStep)) / (2 * kStep);
@@ -246,10 +256,12 @@ int run(const Options& o) {
 
 int check(const Options& o) {
   if (jagflash_cuda_device_count() == 0) {
-    std::fprintf(stderr, "jagflash check: needs a CUDA device (none found); `jagflash run` checks the CPU path\n");
+    std::fprintf(stderr,
+                 "jagflash check: needs a CUDA device (none found); `jagflash run` checks the CPU path\n");
     return 1;
   }
-  const std::vector<std::string> dists = o.distributions.empty() ? std::vector<std::string>{"gemskew"} : o.distributions;
+  const std::vector<std::string> dists =
+      o.distributions.empty() ? std::vector<std::string>{"gemskew"} : o.distributions;
   bool all_ok = true;
   for (const std::string& name : dists) {
     const std::vector<int32_t> lengths = gen::generate_lengths(name, o.seed);
@@ -270,9 +282,10 @@ int check(const Options& o) {
     const double dv_rel = testing::device_rel_error(g.dv.get(), oracle.dv.get(), g.dv_view, dt);
     const bool full_ok = out_rel <= testing::forward_tolerance(dt) &&
                          std::max({dq_rel, dk_rel, dv_rel}) <= testing::backward_tolerance(dt);
-    std::printf("%s (B=%zu, %lld tokens, mask=%s): GPU path vs GPU oracle: out %.2e dq %.2e dk %.2e dv %.2e: %s\n",
-                name.c_str(), lengths.size(), static_cast<long long>(g.total_q()), mask_label(g.spec).c_str(), out_rel,
-                dq_rel, dk_rel, dv_rel, full_ok ? "PASS" : "FAIL");
+    std::printf(
+        "%s (B=%zu, %lld tokens, mask=%s): GPU path vs GPU oracle: out %.2e dq %.2e dk %.2e dv %.2e: %s\n",
+        name.c_str(), lengths.size(), static_cast<long long>(g.total_q()), mask_label(g.spec).c_str(),
+        out_rel, dq_rel, dk_rel, dv_rel, full_ok ? "PASS" : "FAIL");
     // 2. The oracle against the CPU reference on the batch scaled down, every sequence.
     std::vector<int32_t> small = lengths;
     for (int32_t& l : small) l = std::max(1, l / o.scale_down);
@@ -285,8 +298,8 @@ int check(const Options& o) {
     testing::cuda_check(cudaDeviceSynchronize(), "check");
     std::vector<int32_t> all(small.size());
     for (size_t b = 0; b < all.size(); ++b) all[b] = static_cast<int32_t>(b);
-    std::printf("%s scaled down (first %zu sequences, lengths / %d): GPU oracle vs CPU reference\n", name.c_str(),
-                small.size(), o.scale_down);
+    std::printf("%s scaled down (first %zu sequences, lengths / %d): GPU oracle vs CPU reference\n",
+                name.c_str(), small.size(), o.scale_down);
     const bool small_ok = report_sample(testing::check_sample_against_reference(s, all, true), dt, true);
     all_ok = all_ok && full_ok && small_ok;
   }
@@ -298,15 +311,19 @@ int bench(const Options& o) {
     std::fprintf(stderr, "jagflash bench: needs a CUDA device (none found)\n");
     return 1;
   }
-  const std::vector<std::string> dists = o.distributions.empty() ? gen::distribution_names() : o.distributions;
+  const std::vector<std::string> dists =
+      o.distributions.empty() ? gen::distribution_names() : o.distributions;
   const char* schedule = std::getenv("JAGFLASH_FWD_SCHEDULE");
   const char* ping_pong = std::getenv("JAGFLASH_FWD_PINGPONG");
-  std::printf("jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; default GPU path: forward = "
-              "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = GPU oracle (fp32, no "
-              "tensor cores)\n",
-              jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
-              schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0");
-  std::printf("| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; default GPU path: forward = "
+      "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = GPU oracle (fp32, no "
+      "tensor cores)\n",
+      jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
+      schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0");
+  std::printf(
+      "| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s "
+      "|\n|---|---|---|---|---|---|---|---|\n");
   for (const std::string& name : dists) {
     GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
     jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
@@ -316,15 +333,17 @@ int bench(const Options& o) {
     if (o.max_seqlen_hint) {
       int32_t longest = 0;
       for (size_t b = 0; b < g.spec.len_q.size(); ++b)
-        longest = std::max({longest, g.q_offsets[b + 1] - g.q_offsets[b], g.kv_offsets[b + 1] - g.kv_offsets[b]});
+        longest =
+            std::max({longest, g.q_offsets[b + 1] - g.q_offsets[b], g.kv_offsets[b + 1] - g.kv_offsets[b]});
       fa.launch.max_seqlen_hint = ba.launch.max_seqlen_hint = longest;
     }
     const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
-    const double bwd_ms = o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+    const double bwd_ms =
+        o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
     const double flops = g.forward_flops();
-    std::printf("| %s | %s | %zu | %lld | %.3f | %.2f | %.3f | %.2f |\n", name.c_str(), mask_label(g.spec).c_str(),
-                g.spec.len_q.size(), static_cast<long long>(g.total_q()), fwd_ms, flops / fwd_ms * 1e-9, bwd_ms,
-                2.5 * flops / bwd_ms * 1e-9);
+    std::printf("| %s | %s | %zu | %lld | %.3f | %.2f | %.3f | %.2f |\n", name.c_str(),
+                mask_label(g.spec).c_str(), g.spec.len_q.size(), static_cast<long long>(g.total_q()), fwd_ms,
+                flops / fwd_ms * 1e-9, bwd_ms, 2.5 * flops / bwd_ms * 1e-9);
     std::fflush(stdout);
   }
   return 0;

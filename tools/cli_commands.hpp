@@ -12,7 +12,7 @@ struct Options {
   std::vector<std::string> distributions;  // empty: the command's default
   bool cpu = false;                        // run: force the CPU reference path
   bool causal = false;
-  bool forward_only = false;  // bench: skip the backward
+  bool forward_only = false;                // bench: skip the backward
   int window_left = -1, window_right = -1;  // --window L,R
   bool window = false;
   std::string dtype = "bf16";
@@ -24,7 +24,8 @@ struct Options {
   int scale_down = 8;  // check: lengths divided by this for the CPU-reference comparison
   uint64_t seed = 20261129;
   float input_range = 1.f;
-  bool max_seqlen_hint = true;  // bench: pass the longest sequence as launch.max_seqlen_hint  // q, k, v, dout drawn from U(-input_range, input_range)
+  bool max_seqlen_hint = true;  // bench: pass the longest sequence as launch.max_seqlen_hint  // q, k, v,
+                                // dout drawn from U(-input_range, input_range)
 };
 
 // Each returns the process exit code.

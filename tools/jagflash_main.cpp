@@ -78,7 +78,9 @@ jagflash::cli::Options parse(int argc, char** argv) {
       while (std::getline(s, name, ',')) {
         bool known = false;
         for (const auto& n : jagflash::gen::distribution_names()) known |= n == name;
-        if (!known) throw std::invalid_argument("--dist: expected one of uniform1k, gemskew, pareto, onegiant, short; got '" + name + "'");
+        if (!known)
+          throw std::invalid_argument(
+              "--dist: expected one of uniform1k, gemskew, pareto, onegiant, short; got '" + name + "'");
         o.distributions.push_back(name);
       }
     } else if (a == "--causal") {
@@ -88,7 +90,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
     } else if (a == "--window") {
       const std::string v = value();
       const size_t comma = v.find(',');
-      if (comma == std::string::npos) throw std::invalid_argument("--window: expected L,R (e.g. 256,0), got '" + v + "'");
+      if (comma == std::string::npos)
+        throw std::invalid_argument("--window: expected L,R (e.g. 256,0), got '" + v + "'");
       o.window = true;
       o.window_left = parse_int("--window", v.substr(0, comma));
       o.window_right = parse_int("--window", v.substr(comma + 1));
@@ -109,7 +112,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       o.warmup = parse_int(a, value());
     } else if (a == "--scale-down") {
       o.scale_down = parse_int(a, value());
-      if (o.scale_down < 1) throw std::invalid_argument("--scale-down: expected >= 1, got " + std::to_string(o.scale_down));
+      if (o.scale_down < 1)
+        throw std::invalid_argument("--scale-down: expected >= 1, got " + std::to_string(o.scale_down));
     } else if (a == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(a, value()));
     } else if (a == "--no-max-seqlen-hint") {
@@ -119,7 +123,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       try {
         size_t used = 0;
         o.input_range = std::stof(v, &used);
-        if (used != v.size() || !(o.input_range > 0.f) || o.input_range > 1e3f) throw std::invalid_argument("range");
+        if (used != v.size() || !(o.input_range > 0.f) || o.input_range > 1e3f)
+          throw std::invalid_argument("range");
       } catch (const std::exception&) {
         throw std::invalid_argument("--input-range: expected a number in (0, 1000], got '" + v + "'");
       }
@@ -129,7 +134,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       throw std::invalid_argument("unknown option '" + a + "'; see --help");
     }
   }
-  if (o.causal && o.window) throw std::invalid_argument("--causal and --window: give one (causal is --window -1,0)");
+  if (o.causal && o.window)
+    throw std::invalid_argument("--causal and --window: give one (causal is --window -1,0)");
   if (o.heads_kv == 0) o.heads_kv = o.heads;
   return o;
 }

@@ -56,14 +56,16 @@ double measure(long long* clocks, float* sink, int threads) {
 int main() {
   long long* clocks;
   float* sink;
-  if (cudaMalloc(&clocks, sizeof(long long)) != cudaSuccess || cudaMalloc(&sink, 1024 * sizeof(float)) != cudaSuccess) {
+  if (cudaMalloc(&clocks, sizeof(long long)) != cudaSuccess ||
+      cudaMalloc(&sink, 1024 * sizeof(float)) != cudaSuccess) {
     std::printf("no GPU\n");
     return 1;
   }
   for (int threads : {128, 256, 1024}) {
-    const double r[kKinds] = {measure<kEx2F32>(clocks, sink, threads), measure<kEx2F16x2>(clocks, sink, threads),
-                              measure<kEx2Bf16x2>(clocks, sink, threads), measure<kFfma>(clocks, sink, threads),
-                              measure<kCvtBf16x2>(clocks, sink, threads)};
+    const double r[kKinds] = {
+        measure<kEx2F32>(clocks, sink, threads), measure<kEx2F16x2>(clocks, sink, threads),
+        measure<kEx2Bf16x2>(clocks, sink, threads), measure<kFfma>(clocks, sink, threads),
+        measure<kCvtBf16x2>(clocks, sink, threads)};
     for (int k = 0; k < kKinds; ++k)
       std::printf("%-24s %4d threads: %6.1f results/clock/SM\n", kNames[k], threads, r[k]);
   }

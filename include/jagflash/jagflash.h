@@ -56,7 +56,7 @@ typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
   JF_BACKEND_ORACLE = 2,    /* GPU, fp32 math, no tensor cores: correctness over speed */
-  JF_BACKEND_HOPPER = 3     /* GPU, sm_90a warp-specialised kernel; JF_ERR_UNSUPPORTED where it cannot serve */
+  JF_BACKEND_HOPPER = 3 /* GPU, sm_90a warp-specialised kernel; JF_ERR_UNSUPPORTED where it cannot serve */
 } jf_backend;
 
 /* A [rows, heads, head_dim] view. Element (r, h, d) is at data[r*row_stride + h*head_stride + d]. */
@@ -73,22 +73,22 @@ typedef struct jf_tensor {
 typedef struct jf_problem {
   jf_dtype dtype;
   jf_device device;
-  int32_t batch_size;          /* B; offsets hold B+1 entries */
-  const int32_t* q_offsets;    /* [B+1] */
-  const int32_t* kv_offsets;   /* [B+1] */
-  jf_tensor q;                 /* [total_q, H, D] */
-  jf_tensor k;                 /* [total_kv, H_kv, D] */
-  jf_tensor v;                 /* [total_kv, H_kv, D] */
+  int32_t batch_size;        /* B; offsets hold B+1 entries */
+  const int32_t* q_offsets;  /* [B+1] */
+  const int32_t* kv_offsets; /* [B+1] */
+  jf_tensor q;               /* [total_q, H, D] */
+  jf_tensor k;               /* [total_kv, H_kv, D] */
+  jf_tensor v;               /* [total_kv, H_kv, D] */
   jf_mask mask;
-  int32_t window_left;         /* JF_MASK_WINDOW only, -1 = unbounded */
+  int32_t window_left; /* JF_MASK_WINDOW only, -1 = unbounded */
   int32_t window_right;
-  float scale;                 /* 0 means 1/sqrt(D) */
+  float scale; /* 0 means 1/sqrt(D) */
 } jf_problem;
 
 typedef struct jf_launch {
-  void* workspace;             /* device (or host) scratch of at least the queried size */
+  void* workspace; /* device (or host) scratch of at least the queried size */
   size_t workspace_bytes;
-  void* stream;                /* cudaStream_t; NULL = default stream */
+  void* stream; /* cudaStream_t; NULL = default stream */
   jf_offsets_check offsets_check;
   jf_backend backend;
   /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
@@ -107,18 +107,18 @@ typedef struct jf_launch {
 
 typedef struct jf_fwd_args {
   jf_problem problem;
-  jf_tensor out;               /* [total_q, H, D], same dtype as q */
-  float* lse;                  /* [H, total_q]; may be NULL */
+  jf_tensor out; /* [total_q, H, D], same dtype as q */
+  float* lse;    /* [H, total_q]; may be NULL */
   jf_launch launch;
 } jf_fwd_args;
 
 typedef struct jf_bwd_args {
   jf_problem problem;
-  jf_tensor out;               /* forward output */
-  jf_tensor dout;              /* gradient of out */
-  const float* lse;            /* [H, total_q] from the forward; required */
-  jf_tensor dq;                /* [total_q, H, D] */
-  jf_tensor dk;                /* [total_kv, H_kv, D]; with GQA the sum over the group's heads */
+  jf_tensor out;    /* forward output */
+  jf_tensor dout;   /* gradient of out */
+  const float* lse; /* [H, total_q] from the forward; required */
+  jf_tensor dq;     /* [total_q, H, D] */
+  jf_tensor dk;     /* [total_kv, H_kv, D]; with GQA the sum over the group's heads */
   jf_tensor dv;
   jf_launch launch;
 } jf_bwd_args;

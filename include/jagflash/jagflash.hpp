@@ -41,9 +41,8 @@ inline jf_tensor tensor_view(void* data, int64_t rows, int32_t heads, int32_t he
 }
 
 // A problem with defaults: no mask, default scale, default launch.
-inline jf_problem make_problem(jf_dtype dtype, jf_device device, int32_t batch_size,
-                               const int32_t* q_offsets, const int32_t* kv_offsets, jf_tensor q,
-                               jf_tensor k, jf_tensor v) {
+inline jf_problem make_problem(jf_dtype dtype, jf_device device, int32_t batch_size, const int32_t* q_offsets,
+                               const int32_t* kv_offsets, jf_tensor q, jf_tensor k, jf_tensor v) {
   jf_problem p{};
   p.dtype = dtype;
   p.device = device;
@@ -90,8 +89,7 @@ inline std::vector<int32_t> generate_lengths(const std::string& distribution, ui
   int32_t batch = 0;
   throw_if_error(jagflash_generate_lengths(distribution.c_str(), seed, nullptr, 0, &batch));
   std::vector<int32_t> lengths(static_cast<size_t>(batch));
-  throw_if_error(
-      jagflash_generate_lengths(distribution.c_str(), seed, lengths.data(), batch, &batch));
+  throw_if_error(jagflash_generate_lengths(distribution.c_str(), seed, lengths.data(), batch, &batch));
   return lengths;
 }
 

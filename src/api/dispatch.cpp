@@ -41,11 +41,14 @@ const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
     if (e == nullptr) {
       std::ostringstream given;
       given << dtype_name(p.dtype) << "/" << p.q.head_dim;
-      fail_argument("launch.backend", "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)",
-                    given.str(), JF_ERR_UNSUPPORTED);
+      fail_argument(
+          "launch.backend",
+          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)",
+          given.str(), JF_ERR_UNSUPPORTED);
     }
     if (!device_ok)
-      fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU", JF_ERR_UNSUPPORTED);
+      fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU",
+                    JF_ERR_UNSUPPORTED);
   }
   return device_ok ? e : nullptr;
 }
@@ -86,7 +89,8 @@ void run_forward(const jf_fwd_args& a) {
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
-                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
+                                             stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
     const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
@@ -110,31 +114,38 @@ void run_backward(const jf_bwd_args& a) {
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
-                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
+                                             stream));
   JF_CUDA_CHECK(entry.backward(a, oracle::Workspace{flag, delta}, stream));
 }
 
 void read_device_error(const void* workspace, void* stream) {
-  if (workspace == nullptr) fail_argument("workspace", "the workspace of a JF_CHECK_OFFSETS_DEVICE call", "NULL");
+  if (workspace == nullptr)
+    fail_argument("workspace", "the workspace of a JF_CHECK_OFFSETS_DEVICE call", "NULL");
   int32_t flag = 0;
   auto s = static_cast<cudaStream_t>(stream);
-  JF_CUDA_CHECK(cudaMemcpyAsync(&flag, static_cast<const char*>(workspace) + WorkspaceLayout::forward_gpu().error_flag_offset,
-                                sizeof(flag), cudaMemcpyDeviceToHost, s));
+  JF_CUDA_CHECK(cudaMemcpyAsync(
+      &flag, static_cast<const char*>(workspace) + WorkspaceLayout::forward_gpu().error_flag_offset,
+      sizeof(flag), cudaMemcpyDeviceToHost, s));
   JF_CUDA_CHECK(cudaStreamSynchronize(s));
   if (flag == 0) return;
   std::ostringstream m;
   m << "the call failed a check on the device (nothing was written):";
-  const struct { int32_t bit; const char* text; } checks[] = {
-      {oracle::kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
-      {oracle::kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
-      {oracle::kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
-      {oracle::kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
-      {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
-      {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
-      {schedule::kPlanMismatchFlag,
-       " launch.reuse_plan: expected the workspace to hold the plan of an earlier call with the same batch size, "
-       "q/kv rows and kernel variant (dtype, head dim, mask, shapes, max_seqlen_hint), found another or none; "
-       "pass reuse_plan = 0 to build it;"}};
+  const struct {
+    int32_t bit;
+    const char* text;
+  } checks[] = {{oracle::kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
+                {oracle::kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
+                {oracle::kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
+                {oracle::kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
+                {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
+                {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
+                {schedule::kPlanMismatchFlag,
+                 " launch.reuse_plan: expected the workspace to hold the plan of an earlier call with the "
+                 "same batch size, "
+                 "q/kv rows and kernel variant (dtype, head dim, mask, shapes, max_seqlen_hint), found "
+                 "another or none; "
+                 "pass reuse_plan = 0 to build it;"}};
   static_assert((schedule::kPlanMismatchFlag & (2 * oracle::kKvLastNotTotal - 1)) == 0, "flag bits overlap");
   for (const auto& c : checks)
     if (flag & c.bit) m << c.text;

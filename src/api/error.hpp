@@ -12,8 +12,7 @@ namespace jagflash::detail {
 
 class ApiError : public std::runtime_error {
  public:
-  ApiError(jf_status status, const std::string& message)
-      : std::runtime_error(message), status_(status) {}
+  ApiError(jf_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   jf_status status() const { return status_; }
 
  private:
@@ -24,8 +23,8 @@ void set_last_error(const std::string& message);
 
 // "argument: expected X, got Y" — the one shape every validation message has.
 template <typename Expected, typename Given>
-[[noreturn]] void fail_argument(const std::string& argument, const Expected& expected,
-                                const Given& given, jf_status status = JF_ERR_INVALID_ARGUMENT) {
+[[noreturn]] void fail_argument(const std::string& argument, const Expected& expected, const Given& given,
+                                jf_status status = JF_ERR_INVALID_ARGUMENT) {
   std::ostringstream s;
   s << argument << ": expected " << expected << ", got " << given;
   throw ApiError(status, s.str());
@@ -40,10 +39,9 @@ template <typename Expected, typename Given>
 }  // namespace jagflash::detail
 
 // Every CUDA runtime call in the library goes through this.
-#define JF_CUDA_CHECK(call)                                                        \
-  do {                                                                             \
-    const cudaError_t jf_err_ = (call);                                            \
-    if (jf_err_ != cudaSuccess)                                                    \
-      ::jagflash::detail::fail_cuda(#call, static_cast<int>(jf_err_),              \
-                                    cudaGetErrorString(jf_err_));                  \
+#define JF_CUDA_CHECK(call)                                                                         \
+  do {                                                                                              \
+    const cudaError_t jf_err_ = (call);                                                             \
+    if (jf_err_ != cudaSuccess)                                                                     \
+      ::jagflash::detail::fail_cuda(#call, static_cast<int>(jf_err_), cudaGetErrorString(jf_err_)); \
   } while (0)

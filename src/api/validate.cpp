@@ -70,8 +70,8 @@ bool overlaps(ByteRange a, ByteRange b) {
 
 // A [rows, heads, head_dim] view: shape as expected, strides that keep (row, head) slices
 // apart, pointer non-null when there is data, alignment on the GPU.
-void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int32_t heads,
-                  int32_t head_dim, const jf_problem& p) {
+void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int32_t heads, int32_t head_dim,
+                  const jf_problem& p) {
   if (t.rows != rows) fail_argument(name + ".rows", rows, t.rows);
   if (t.heads != heads) fail_argument(name + ".heads", heads, t.heads);
   if (t.head_dim != head_dim) fail_argument(name + ".head_dim", head_dim, t.head_dim);
@@ -95,11 +95,13 @@ void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int
       fail_argument(name + ".data", "16-byte alignment on the GPU", t.data);
     const int64_t stride_unit = static_cast<int64_t>(kGpuAlignBytes / elem);
     if (t.row_stride % stride_unit != 0)
-      fail_argument(name + ".row_stride", "a multiple of " + std::to_string(stride_unit) +
-                                              " elements (16 bytes) on the GPU", t.row_stride);
+      fail_argument(name + ".row_stride",
+                    "a multiple of " + std::to_string(stride_unit) + " elements (16 bytes) on the GPU",
+                    t.row_stride);
     if (heads > 1 && t.head_stride % stride_unit != 0)
-      fail_argument(name + ".head_stride", "a multiple of " + std::to_string(stride_unit) +
-                                               " elements (16 bytes) on the GPU", t.head_stride);
+      fail_argument(name + ".head_stride",
+                    "a multiple of " + std::to_string(stride_unit) + " elements (16 bytes) on the GPU",
+                    t.head_stride);
   }
   check_pointer_location(name + ".data", t.data, p.device);
 }
@@ -141,7 +143,8 @@ void check_problem(const jf_problem& p) {
     if (p.window_left != -1) fail_argument("problem.window_left", expected, p.window_left);
     if (p.window_right != -1) fail_argument("problem.window_right", expected, p.window_right);
   }
-  if (!std::isfinite(p.scale)) fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
+  if (!std::isfinite(p.scale))
+    fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
   check_pointer_location("problem.q_offsets", p.q_offsets, p.device);
   check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device);
 }
@@ -162,9 +165,12 @@ void check_launch(const jf_launch& l, const jf_problem& p) {
 
 void check_workspace(const jf_launch& l, const jf_problem& p, size_t needed) {
   if (needed == 0) return;
-  if (l.workspace_bytes < needed) fail_argument("launch.workspace_bytes", ">= " + std::to_string(needed) + " (the queried size)", l.workspace_bytes);
+  if (l.workspace_bytes < needed)
+    fail_argument("launch.workspace_bytes", ">= " + std::to_string(needed) + " (the queried size)",
+                  l.workspace_bytes);
   if (l.workspace == nullptr) fail_argument("launch.workspace", "a non-null pointer", "NULL");
-  if (reinterpret_cast<uintptr_t>(l.workspace) % 16 != 0) fail_argument("launch.workspace", "16-byte alignment", l.workspace);
+  if (reinterpret_cast<uintptr_t>(l.workspace) % 16 != 0)
+    fail_argument("launch.workspace", "16-byte alignment", l.workspace);
   check_pointer_location("launch.workspace", l.workspace, p.device);
 }
 
@@ -182,8 +188,8 @@ std::vector<int32_t> offsets_to_host(const int32_t* offsets, int32_t batch_size,
     fail_argument("launch.offsets_check",
                   "JF_CHECK_OFFSETS_DEVICE while the stream is being captured (the host check syncs)",
                   "JF_CHECK_OFFSETS_HOST");
-  JF_CUDA_CHECK(cudaMemcpyAsync(host.data(), offsets, host.size() * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream));
+  JF_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), offsets, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   JF_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
 }
@@ -242,9 +248,9 @@ void validate_forward_shapes(const jf_fwd_args& a) {
   check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
   check_pointer_location("lse", a.lse, p.device);
   const ByteRange lse = lse_range(a.lse, p.q.heads, p.q.rows);
-  check_no_overlap({{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
-                   {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)},
-                    {"v", byte_range(p.v, p.dtype)}});
+  check_no_overlap(
+      {{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
+      {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)}, {"v", byte_range(p.v, p.dtype)}});
 }
 
 void validate_backward_shapes(const jf_bwd_args& a) {
@@ -256,13 +262,18 @@ void validate_backward_shapes(const jf_bwd_args& a) {
   check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p);
   check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p);
   check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p);
-  if (a.lse == nullptr && p.q.rows > 0) fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
+  if (a.lse == nullptr && p.q.rows > 0)
+    fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
   check_pointer_location("lse", a.lse, p.device);
-  check_no_overlap({{"dq", byte_range(a.dq, p.dtype)}, {"dk", byte_range(a.dk, p.dtype)},
+  check_no_overlap({{"dq", byte_range(a.dq, p.dtype)},
+                    {"dk", byte_range(a.dk, p.dtype)},
                     {"dv", byte_range(a.dv, p.dtype)}},
-                   {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)},
-                    {"v", byte_range(p.v, p.dtype)}, {"out", byte_range(a.out, p.dtype)},
-                    {"dout", byte_range(a.dout, p.dtype)}, {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
+                   {{"q", byte_range(p.q, p.dtype)},
+                    {"k", byte_range(p.k, p.dtype)},
+                    {"v", byte_range(p.v, p.dtype)},
+                    {"out", byte_range(a.out, p.dtype)},
+                    {"dout", byte_range(a.dout, p.dtype)},
+                    {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
 }
 
 void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool require_workspace) {

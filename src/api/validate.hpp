@@ -20,7 +20,6 @@ void validate_forward_shapes(const jf_fwd_args& args);
 void validate_backward_shapes(const jf_bwd_args& args);
 
 // Host offsets [B+1]: offsets[0] == 0, non-decreasing, offsets[B] == total.
-void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size,
-                           int64_t total);
+void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total);
 
 }  // namespace jagflash::detail

@@ -11,7 +11,9 @@ namespace jagflash::detail {
 
 constexpr size_t kWorkspaceAlign = 256;
 
-constexpr size_t align_up(size_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+constexpr size_t align_up(size_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
 
 struct WorkspaceLayout {
   // int32 flag written by the device offsets check (JF_CHECK_OFFSETS_DEVICE); always present on

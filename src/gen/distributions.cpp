@@ -95,8 +95,7 @@ int32_t clip_round(double x, double lo, double hi) {
 }  // namespace
 
 const std::vector<std::string>& distribution_names() {
-  static const std::vector<std::string> names = {"uniform1k", "gemskew", "pareto", "onegiant",
-                                                 "short"};
+  static const std::vector<std::string> names = {"uniform1k", "gemskew", "pareto", "onegiant", "short"};
   return names;
 }
 
@@ -112,7 +111,8 @@ std::vector<int32_t> generate_lengths(const std::string& name, uint64_t seed) {
   } else if (name == "pareto") {
     // 32 * (1-u)^(-1/1.2), clipped to [32, 16384]; 1-u is in (0, 1].
     lengths.resize(512);
-    for (int32_t& len : lengths) len = clip_round(32.0 * std::pow(1.0 - rng.uniform(), -1.0 / 1.2), 32, 16384);
+    for (int32_t& len : lengths)
+      len = clip_round(32.0 * std::pow(1.0 - rng.uniform(), -1.0 / 1.2), 32, 16384);
   } else if (name == "onegiant") {
     // The straggler first, so it is also first in (batch, head, block) order.
     lengths.assign(256, 128);
@@ -130,9 +130,8 @@ std::vector<int32_t> generate_lengths(const std::string& name, uint64_t seed) {
 
 }  // namespace jagflash::gen
 
-extern "C" jf_status jagflash_generate_lengths(const char* distribution, uint64_t seed,
-                                               int32_t* lengths, int32_t capacity,
-                                               int32_t* batch_size) {
+extern "C" jf_status jagflash_generate_lengths(const char* distribution, uint64_t seed, int32_t* lengths,
+                                               int32_t capacity, int32_t* batch_size) {
   using jagflash::detail::set_last_error;
   try {
     if (distribution == nullptr) {
@@ -171,27 +170,30 @@ extern "C" jf_status jagflash_generate_lengths(const char* distribution, uint64_
   }
 }
 
-extern "C" int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask mask,
-                                          int32_t window_left, int32_t window_right) {
+extern "C" int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask mask, int32_t window_left,
+                                          int32_t window_right) {
   // No status to return: invalid input (negative length, unknown mask, window fields that break
   // jf_mask's rules) gives -1, which no valid count equals, and leaves a message for
   // jagflash_last_error().
   using jagflash::detail::set_last_error;
   try {
     if (len_q < 0 || len_kv < 0) {
-      set_last_error("jagflash_visible_pairs: len_q and len_kv must be >= 0, got " +
-                     std::to_string(len_q) + " and " + std::to_string(len_kv));
+      set_last_error("jagflash_visible_pairs: len_q and len_kv must be >= 0, got " + std::to_string(len_q) +
+                     " and " + std::to_string(len_kv));
       return -1;
     }
     if (mask != JF_MASK_NONE && mask != JF_MASK_CAUSAL && mask != JF_MASK_WINDOW) {
-      set_last_error("jagflash_visible_pairs: mask must be JF_MASK_NONE, JF_MASK_CAUSAL or "
-                     "JF_MASK_WINDOW, got " + std::to_string(static_cast<int>(mask)));
+      set_last_error(
+          "jagflash_visible_pairs: mask must be JF_MASK_NONE, JF_MASK_CAUSAL or "
+          "JF_MASK_WINDOW, got " +
+          std::to_string(static_cast<int>(mask)));
       return -1;
     }
     if (mask != JF_MASK_WINDOW && (window_left != -1 || window_right != -1)) {
-      set_last_error("jagflash_visible_pairs: for JF_MASK_NONE and JF_MASK_CAUSAL window_left and "
-                     "window_right must be -1, got " + std::to_string(window_left) + " and " +
-                     std::to_string(window_right));
+      set_last_error(
+          "jagflash_visible_pairs: for JF_MASK_NONE and JF_MASK_CAUSAL window_left and "
+          "window_right must be -1, got " +
+          std::to_string(window_left) + " and " + std::to_string(window_right));
       return -1;
     }
     if (mask == JF_MASK_WINDOW && (window_left < -1 || window_right < -1)) {

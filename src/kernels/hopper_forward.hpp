@@ -15,11 +15,11 @@ namespace jagflash::kernels {
 
 struct HopperForwardLaunch {
   int32_t* error_flag;  // set by the device offsets check (the kernels then write nothing) and by
-                       // the kernels on a mismatched plan (schedule::kPlanMismatchFlag)
+                        // the kernels on a mismatched plan (schedule::kPlanMismatchFlag)
   void* workspace;
   schedule::PlanKey* plan_key;  // in the workspace, at a place every variant shares
   schedule::DevicePlanLayout plan;
-  bool build_plan;            // false: the workspace already holds the plan for these offsets
+  bool build_plan;  // false: the workspace already holds the plan for these offsets
 };
 
 using HopperForwardFn = cudaError_t (*)(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t);

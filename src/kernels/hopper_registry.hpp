@@ -6,16 +6,17 @@
 
 #include <cutlass/numeric_types.h>
 
-#define JF_HOPPER_FORWARD_DECLARE(dt, hd)                                                             \
-  namespace jagflash::kernels {                                                                     \
+#define JF_HOPPER_FORWARD_DECLARE(dt, hd)                                                                 \
+  namespace jagflash::kernels {                                                                           \
   cudaError_t hopper_forward_##dt##_hd##hd(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t); \
   }
 
-#define JF_HOPPER_FORWARD_DEFINE(dt, hd)                                                               \
-  namespace jagflash::kernels {                                                                      \
-  cudaError_t hopper_forward_##dt##_hd##hd(const jf_fwd_args& a, const HopperForwardLaunch& l, cudaStream_t s) { \
-    return fwd::run_forward<hopper_##dt##_t, hd>(a, l, s);                                           \
-  }                                                                                                  \
+#define JF_HOPPER_FORWARD_DEFINE(dt, hd)                                                       \
+  namespace jagflash::kernels {                                                                \
+  cudaError_t hopper_forward_##dt##_hd##hd(const jf_fwd_args& a, const HopperForwardLaunch& l, \
+                                           cudaStream_t s) {                                   \
+    return fwd::run_forward<hopper_##dt##_t, hd>(a, l, s);                                     \
+  }                                                                                            \
   }
 
 namespace jagflash::kernels {

@@ -48,8 +48,8 @@ enum OffsetsError : int32_t {
 
 // Zeroes `flag`, then (when `check` is true) validates both offset arrays on the device and
 // sets the bits above. Every oracle kernel reads the flag first.
-cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets,
-                                 int32_t batch_size, int64_t total_q, int64_t total_kv,
-                                 int32_t* flag, bool check, cudaStream_t stream);
+cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                                 int64_t total_q, int64_t total_kv, int32_t* flag, bool check,
+                                 cudaStream_t stream);
 
 }  // namespace jagflash::oracle

@@ -70,7 +70,10 @@ __device__ __forceinline__ int32_t find_sequence(const int32_t* offsets, int32_t
   int32_t lo = 0, hi = batch_size;  // answer in [lo, hi)
   while (hi - lo > 1) {
     const int32_t mid = (lo + hi) / 2;
-    if (offsets[mid] <= row) lo = mid; else hi = mid;
+    if (offsets[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -130,8 +133,8 @@ struct WarpVec {
 // ---- forward: one warp per (query row, head), online softmax over the visible keys -------------
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-forward_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
-               TensorRef<T> out, float* lse) {
+    forward_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
+                   TensorRef<T> out, float* lse) {
   if (*g.error_flag) return;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_items = g.total_q * g.num_heads;
@@ -168,9 +171,9 @@ forward_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, Ten
 // ---- backward, part 1: one warp per (query row, head): delta, then dq over the visible keys ----
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-backward_dq_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
-                   TensorRef<const T> out, TensorRef<const T> dout, const float* lse, float* delta,
-                   TensorRef<T> dq) {
+    backward_dq_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
+                       TensorRef<const T> out, TensorRef<const T> dout, const float* lse, float* delta,
+                       TensorRef<T> dq) {
   if (*g.error_flag) return;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t num_items = g.total_q * g.num_heads;
@@ -207,9 +210,9 @@ backward_dq_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k,
 // ---- backward, part 2: one warp per (key row, kv head): dk, dv over the group's queries --------
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-backward_dkdv_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
-                     TensorRef<const T> dout, const float* lse, const float* delta, TensorRef<T> dk,
-                     TensorRef<T> dv) {
+    backward_dkdv_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
+                         TensorRef<const T> dout, const float* lse, const float* delta, TensorRef<T> dk,
+                         TensorRef<T> dv) {
   if (*g.error_flag) return;
   const int lane = threadIdx.x % kWarpSize;
   const int32_t num_kv_heads = g.num_heads / g.group;
@@ -269,15 +272,15 @@ cudaError_t backward(const jf_bwd_args& a, const Workspace& ws, cudaStream_t str
   const JaggedGeometry g = geometry(p, ws);
   if (p.q.rows > 0) {
     backward_dq_kernel<T, D><<<grid_for(p.q.rows * p.q.heads), kThreadsPerBlock, 0, stream>>>(
-        g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.out),
-        ref<const T>(a.dout), a.lse, ws.delta, ref<T>(a.dq));
+        g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.out), ref<const T>(a.dout),
+        a.lse, ws.delta, ref<T>(a.dq));
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   if (p.k.rows > 0) {
     backward_dkdv_kernel<T, D><<<grid_for(p.k.rows * p.k.heads), kThreadsPerBlock, 0, stream>>>(
-        g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.dout), a.lse,
-        ws.delta, ref<T>(a.dk), ref<T>(a.dv));
+        g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.dout), a.lse, ws.delta,
+        ref<T>(a.dk), ref<T>(a.dv));
     return cudaGetLastError();
   }
   return cudaSuccess;
@@ -290,18 +293,18 @@ using fp32_t = float;
 
 }  // namespace jagflash::oracle
 
-#define JF_ORACLE_DECLARE(dt, hd)                                                                  \
-  namespace jagflash::oracle {                                                                     \
-  cudaError_t forward_##dt##_hd##hd(const jf_fwd_args&, const Workspace&, cudaStream_t);           \
-  cudaError_t backward_##dt##_hd##hd(const jf_bwd_args&, const Workspace&, cudaStream_t);          \
+#define JF_ORACLE_DECLARE(dt, hd)                                                         \
+  namespace jagflash::oracle {                                                            \
+  cudaError_t forward_##dt##_hd##hd(const jf_fwd_args&, const Workspace&, cudaStream_t);  \
+  cudaError_t backward_##dt##_hd##hd(const jf_bwd_args&, const Workspace&, cudaStream_t); \
   }
 
-#define JF_ORACLE_DEFINE(dt, hd)                                                                   \
-  namespace jagflash::oracle {                                                                     \
-  cudaError_t forward_##dt##_hd##hd(const jf_fwd_args& a, const Workspace& w, cudaStream_t s) {    \
-    return forward<dt##_t, hd>(a, w, s);                                                           \
-  }                                                                                                \
-  cudaError_t backward_##dt##_hd##hd(const jf_bwd_args& a, const Workspace& w, cudaStream_t s) {   \
-    return backward<dt##_t, hd>(a, w, s);                                                          \
-  }                                                                                                \
+#define JF_ORACLE_DEFINE(dt, hd)                                                                 \
+  namespace jagflash::oracle {                                                                   \
+  cudaError_t forward_##dt##_hd##hd(const jf_fwd_args& a, const Workspace& w, cudaStream_t s) {  \
+    return forward<dt##_t, hd>(a, w, s);                                                         \
+  }                                                                                              \
+  cudaError_t backward_##dt##_hd##hd(const jf_bwd_args& a, const Workspace& w, cudaStream_t s) { \
+    return backward<dt##_t, hd>(a, w, s);                                                        \
+  }                                                                                              \
   }

@@ -102,8 +102,7 @@ void parallel_for(size_t count, int64_t work, const std::function<void(size_t)>&
 
 // Copies rows [row_begin, row_begin + rows) of one head into dst as a contiguous [rows, D] block.
 template <typename T>
-void load_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head,
-               std::vector<double>& dst) {
+void load_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head, std::vector<double>& dst) {
   const int64_t d_count = t.head_dim;
   dst.resize(static_cast<size_t>(rows * d_count));
   const T* base = static_cast<const T*>(t.data) + head * t.head_stride;
@@ -135,8 +134,8 @@ double dot(const double* a, const double* b, int64_t n) {
 
 // Fills p[0 .. range.size()) with the softmax probabilities of query row q_row over the keys in
 // range and returns lse. The range must be non-empty.
-double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range,
-                   int64_t d_count, double scale, std::vector<double>& p) {
+double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range, int64_t d_count,
+                   double scale, std::vector<double>& p) {
   double m_i = -std::numeric_limits<double>::infinity();
   for (int64_t j = range.lo; j <= range.hi; ++j) {
     const double s = scale * dot(q_row, k_f64.data() + j * d_count, d_count);

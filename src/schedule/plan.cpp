@@ -18,10 +18,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t length_of(const int32_t* offsets, int b, const char* name) {
   const int64_t len = static_cast<int64_t>(offsets[b + 1]) - offsets[b];
   if (len < 0) {
-    throw std::invalid_argument(std::string("build_tiles: ") + name + " must be non-decreasing, got " +
-                                name + "[" + std::to_string(b) + "] = " + std::to_string(offsets[b]) +
-                                " > " + name + "[" + std::to_string(b + 1) +
-                                "] = " + std::to_string(offsets[b + 1]));
+    throw std::invalid_argument(std::string("build_tiles: ") + name + " must be non-decreasing, got " + name +
+                                "[" + std::to_string(b) + "] = " + std::to_string(offsets[b]) + " > " + name +
+                                "[" + std::to_string(b + 1) + "] = " + std::to_string(offsets[b + 1]));
   }
   return len;
 }
@@ -36,15 +35,14 @@ void check_num_sms(int num_sms, const char* function) {
 }  // namespace
 
 std::vector<Tile> build_tiles(const int32_t* q_offsets, const int32_t* kv_offsets, int batch_size,
-                              int num_heads, const MaskPolicy& mask, TileShape shape,
-                              Direction direction) {
+                              int num_heads, const MaskPolicy& mask, TileShape shape, Direction direction) {
   if (batch_size < 0 || num_heads < 0) {
     throw std::invalid_argument("build_tiles: batch_size and num_heads must be >= 0, got " +
                                 std::to_string(batch_size) + " and " + std::to_string(num_heads));
   }
   if (shape.tile_m < 1 || shape.tile_n < 1) {
-    throw std::invalid_argument("build_tiles: tile sizes must be >= 1, got " +
-                                std::to_string(shape.tile_m) + " x " + std::to_string(shape.tile_n));
+    throw std::invalid_argument("build_tiles: tile sizes must be >= 1, got " + std::to_string(shape.tile_m) +
+                                " x " + std::to_string(shape.tile_n));
   }
   if (batch_size > 0 && (q_offsets == nullptr || kv_offsets == nullptr)) {
     throw std::invalid_argument("build_tiles: q_offsets and kv_offsets must be non-null");
@@ -64,9 +62,8 @@ std::vector<Tile> build_tiles(const int32_t* q_offsets, const int32_t* kv_offset
     const int64_t num_blocks = ceil_div(own_len, own_tile);
     costs.resize(static_cast<size_t>(num_blocks));
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
-      const IndexRange visited =
-          forward ? mask.kv_blocks_of_q_block(blk, shape.tile_m, shape.tile_n, lq, lk)
-                  : mask.q_blocks_of_kv_block(blk, shape.tile_m, shape.tile_n, lq, lk);
+      const IndexRange visited = forward ? mask.kv_blocks_of_q_block(blk, shape.tile_m, shape.tile_n, lq, lk)
+                                         : mask.q_blocks_of_kv_block(blk, shape.tile_m, shape.tile_n, lq, lk);
       costs[static_cast<size_t>(blk)] = static_cast<int32_t>(visited.size());
     }
     for (int h = 0; h < num_heads; ++h) {
@@ -88,10 +85,11 @@ void sort_longest_first(std::vector<Tile>& tiles) {
   });
 }
 
-void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets, const int32_t* kv_offsets,
-                                   TileShape shape, bool heads_outer) {
+void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets,
+                                   const int32_t* kv_offsets, TileShape shape, bool heads_outer) {
   auto weight = [&](int32_t b) {
-    return sequence_weight(int64_t(q_offsets[b + 1]) - q_offsets[b], int64_t(kv_offsets[b + 1]) - kv_offsets[b], shape);
+    return sequence_weight(int64_t(q_offsets[b + 1]) - q_offsets[b],
+                           int64_t(kv_offsets[b + 1]) - kv_offsets[b], shape);
   };
   std::sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
     if (a.batch != b.batch) {

@@ -10,8 +10,8 @@
 namespace jagflash::schedule {
 
 enum class Direction {
-  kForward,   // tile = (batch, head, q block); cost = KV blocks the q block visits
-  kBackward   // tile = (batch, head, kv block); cost = Q blocks that see the kv block
+  kForward,  // tile = (batch, head, q block); cost = KV blocks the q block visits
+  kBackward  // tile = (batch, head, kv block); cost = Q blocks that see the kv block
 };
 
 struct TileShape {
@@ -30,8 +30,7 @@ struct Tile {
 // (batch, head, block) order. Tiles whose rows see nothing (cost 0) are kept: they must still
 // write zeros. Sequences with no rows on the tile's side produce no tile.
 std::vector<Tile> build_tiles(const int32_t* q_offsets, const int32_t* kv_offsets, int batch_size,
-                              int num_heads, const MaskPolicy& mask, TileShape shape,
-                              Direction direction);
+                              int num_heads, const MaskPolicy& mask, TileShape shape, Direction direction);
 
 // Longest first; ties keep (batch, head, block) order, so the order is deterministic.
 void sort_longest_first(std::vector<Tile>& tiles);
@@ -57,8 +56,8 @@ JF_HD uint64_t sequence_weight(int64_t lq, int64_t lk, TileShape shape) {
 // clock under the power cap rose 1560 -> 1695 MHz); with a mask heads innermost, so the
 // costliest q blocks of every head go first (head by head lost 6% on onegiant causal, where the
 // last head's costliest tiles started late).
-void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets, const int32_t* kv_offsets,
-                                   TileShape shape, bool heads_outer);
+void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets,
+                                   const int32_t* kv_offsets, TileShape shape, bool heads_outer);
 
 // Where plan tile `tile` (of pairs x heads) lies inside its sequence, in the order above. The
 // device plan lists (batch, q block) pairs only, a sequence's pairs adjacent and last q block
@@ -73,7 +72,7 @@ struct TileInSequence {
 // for any Q that fits in GPU memory; 64-bit division added ~530 SASS instructions to every
 // forward kernel.
 JF_HD TileInSequence tile_in_sequence(int32_t tile, int32_t heads, int32_t block_at_pos, int32_t q_blocks,
-                                     bool heads_outer) {
+                                      bool heads_outer) {
   if (!heads_outer) return {tile % heads, block_at_pos};
   const int32_t first = tile / heads - (q_blocks - 1 - block_at_pos);  // the sequence's first position
   const int32_t local = tile - first * heads;                          // in [0, q_blocks x heads)

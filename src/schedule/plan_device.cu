@@ -25,8 +25,8 @@ __device__ __forceinline__ int32_t q_blocks(const int32_t* q_offsets, int32_t b,
 
 // One block scans the per-sequence q-block counts: pair_offset[b] and the pair count.
 __global__ void __launch_bounds__(kScanThreads)
-count_pairs_kernel(const int32_t* q_offsets, int32_t batch_size, int tile_m, const int32_t* error_flag,
-                   PlanKey* stored_key, PlanKey key, int32_t* pair_offset, int32_t* num_pairs) {
+    count_pairs_kernel(const int32_t* q_offsets, int32_t batch_size, int tile_m, const int32_t* error_flag,
+                       PlanKey* stored_key, PlanKey key, int32_t* pair_offset, int32_t* num_pairs) {
   if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
   if (*error_flag) return;
   using Scan = cub::BlockScan<int32_t, kScanThreads>;
@@ -50,8 +50,10 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
   int32_t lo = 0, hi = batch_size;  // answer in [lo, hi)
   while (hi - lo > 1) {
     const int32_t mid = lo + (hi - lo) / 2;
-    if (pair_offset[mid] <= i) lo = mid;
-    else hi = mid;
+    if (pair_offset[mid] <= i)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -65,8 +67,9 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
 // onegiant's 16384-token sequence, measured on the H200).
 __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                   int tile_m, int tile_n, int batch_bits, int64_t max_pairs,
-                                  const int32_t* error_flag, const int32_t* pair_offset, const int32_t* num_pairs,
-                                  int32_t* pair_batch, int32_t* pair_block, uint64_t* keys, int32_t* vals) {
+                                  const int32_t* error_flag, const int32_t* pair_offset,
+                                  const int32_t* num_pairs, int32_t* pair_batch, int32_t* pair_block,
+                                  uint64_t* keys, int32_t* vals) {
   if (*error_flag) return;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int32_t pairs = *num_pairs;
@@ -120,41 +123,45 @@ DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t
   l.vals_in = take(ints);
   l.vals_out = take(ints);
   // Host-side size query only: CUB reads nothing from the (null) arrays here.
-  cub::DeviceRadixSort::SortPairsDescending(nullptr, l.sort_temp_bytes, static_cast<const uint64_t*>(nullptr),
-                                            static_cast<uint64_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                            static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs), 0,
-                                            l.sort_end_bit);
+  cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, l.sort_temp_bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs), 0,
+      l.sort_end_bit);
   l.sort_temp = take(l.sort_temp_bytes);
   l.total_bytes = cursor;
   return l;
 }
 
 DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
-  return {at<int32_t>(workspace, l.vals_out), at<int32_t>(workspace, l.pair_batch), at<int32_t>(workspace, l.pair_block),
-          at<int32_t>(workspace, l.num_pairs), at<int32_t>(workspace, l.tile_counter)};
+  return {at<int32_t>(workspace, l.vals_out), at<int32_t>(workspace, l.pair_batch),
+          at<int32_t>(workspace, l.pair_block), at<int32_t>(workspace, l.num_pairs),
+          at<int32_t>(workspace, l.tile_counter)};
 }
 
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key, PlanKey key,
-                               void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
-  count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key, key,
-                                                     at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs));
+                               int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
+                               PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
+  count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key,
+                                                     key, at<int32_t>(workspace, l.pair_offset),
+                                                     at<int32_t>(workspace, l.num_pairs));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const int fill_blocks = static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
+  const int fill_blocks =
+      static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
   fill_pairs_kernel<<<fill_blocks, 256, 0, stream>>>(
       q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.max_pairs, error_flag,
-      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs), at<int32_t>(workspace, l.pair_batch),
-      at<int32_t>(workspace, l.pair_block), at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
+      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs),
+      at<int32_t>(workspace, l.pair_batch), at<int32_t>(workspace, l.pair_block),
+      at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // Radix sort is stable: a sequence's pairs (equal keys) keep their fill order, so the plan is
   // deterministic.
   size_t temp_bytes = l.sort_temp_bytes;
-  err = cub::DeviceRadixSort::SortPairsDescending(at<void>(workspace, l.sort_temp), temp_bytes,
-                                                  at<uint64_t>(workspace, l.keys_in), at<uint64_t>(workspace, l.keys_out),
-                                                  at<int32_t>(workspace, l.vals_in), at<int32_t>(workspace, l.vals_out),
-                                                  static_cast<int>(l.max_pairs), 0, l.sort_end_bit, stream);
+  err = cub::DeviceRadixSort::SortPairsDescending(
+      at<void>(workspace, l.sort_temp), temp_bytes, at<uint64_t>(workspace, l.keys_in),
+      at<uint64_t>(workspace, l.keys_out), at<int32_t>(workspace, l.vals_in),
+      at<int32_t>(workspace, l.vals_out), static_cast<int>(l.max_pairs), 0, l.sort_end_bit, stream);
   if (err != cudaSuccess) return err;
   return reset_tile_counter(workspace, l, stream);
 }

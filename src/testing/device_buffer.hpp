@@ -28,7 +28,8 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (data_) cudaFree(data_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
       if (data_) cudaFree(data_);
@@ -41,13 +42,17 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* get() const { return data_; }
-  template <typename T> T* as() const { return static_cast<T*>(data_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   size_t bytes() const { return bytes_; }
 
   template <typename T>
   static DeviceBuffer from_host(const std::vector<T>& host) {
     DeviceBuffer b(host.size() * sizeof(T));
-    if (!host.empty()) cuda_check(cudaMemcpy(b.data_, host.data(), b.bytes_, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (!host.empty())
+      cuda_check(cudaMemcpy(b.data_, host.data(), b.bytes_, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
     return b;
   }
   void to_host(void* dst) const {
@@ -61,7 +66,8 @@ class DeviceBuffer {
 
 // Uniform values in [lo, hi] (rounded to dtype) into the view's elements, from a counter-based
 // hash of (seed, element index): the same on every run, never zeros, no host round trip.
-void fill_uniform(const jf_tensor& t, jf_dtype dtype, uint64_t seed, float lo, float hi, cudaStream_t stream = nullptr);
+void fill_uniform(const jf_tensor& t, jf_dtype dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream = nullptr);
 
 // Every element of the buffer behind the view (padding included) set to `value` (NaN to poison).
 void fill_buffer(void* data, size_t elements, jf_dtype dtype, float value, cudaStream_t stream = nullptr);

@@ -6,8 +6,10 @@ namespace jagflash::testing {
 namespace {
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27; x *= 0x94d049bb133111ebull;
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
 
@@ -15,7 +17,8 @@ template <typename T>
 __global__ void fill_uniform_kernel(T* data, int64_t rows, int heads, int head_dim, int64_t row_stride,
                                     int64_t head_stride, uint64_t seed, float lo, float hi) {
   const int64_t n = rows * heads * head_dim;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / (int64_t(heads) * head_dim);
     const int64_t rest = e % (int64_t(heads) * head_dim);
     const int64_t h = rest / head_dim, d = rest % head_dim;
@@ -32,7 +35,8 @@ __global__ void fill_buffer_kernel(T* data, size_t n, float value) {
 
 }  // namespace
 
-void fill_uniform(const jf_tensor& t, jf_dtype dtype, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+void fill_uniform(const jf_tensor& t, jf_dtype dtype, uint64_t seed, float lo, float hi,
+                  cudaStream_t stream) {
   if (t.rows == 0) return;
   dispatch_dtype(dtype, [&](auto storage) {
     using T = decltype(storage);

@@ -34,8 +34,9 @@ test::HostTensor download_rows(const void* device_data, const jf_tensor& view, j
                                const std::vector<int32_t>& offsets, const std::vector<int32_t>& seqs) {
   int64_t rows = 0;
   for (int32_t b : seqs) rows += offsets[b + 1] - offsets[b];
-  test::HostTensor t = test::make_tensor(dtype, rows, view.heads, view.head_dim,
-                                         static_cast<int>(view.row_stride - int64_t(view.heads) * view.head_dim));
+  test::HostTensor t =
+      test::make_tensor(dtype, rows, view.heads, view.head_dim,
+                        static_cast<int>(view.row_stride - int64_t(view.heads) * view.head_dim));
   const size_t row_bytes = static_cast<size_t>(view.row_stride) * dtype_size(dtype);
   int64_t dst_row = 0;
   for (int32_t b : seqs) {
@@ -125,7 +126,8 @@ double GpuBatch::forward_flops() const {
   const MaskPolicy mask = MaskPolicy::from(spec.mask, spec.window_left, spec.window_right);
   double pairs = 0;
   for (size_t b = 0; b + 1 < q_offsets.size(); ++b)
-    pairs += static_cast<double>(mask.visible_pairs(q_offsets[b + 1] - q_offsets[b], kv_offsets[b + 1] - kv_offsets[b]));
+    pairs += static_cast<double>(
+        mask.visible_pairs(q_offsets[b + 1] - q_offsets[b], kv_offsets[b + 1] - kv_offsets[b]));
   return 4.0 * spec.heads * spec.head_dim * pairs;
 }
 
@@ -185,7 +187,8 @@ void poison_outputs(GpuBatch& g) {
 double forward_tolerance(jf_dtype dtype) { return dtype == JF_BF16 ? 1e-2 : dtype == JF_FP16 ? 2e-3 : 1e-5; }
 double backward_tolerance(jf_dtype dtype) { return dtype == JF_BF16 ? 2e-2 : dtype == JF_FP16 ? 5e-3 : 1e-4; }
 
-SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<int32_t>& seqs, bool with_backward) {
+SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<int32_t>& seqs,
+                                           bool with_backward) {
   const BatchSpec& s = g.spec;
   test::HostBatch host;
   host.dtype = s.dtype;

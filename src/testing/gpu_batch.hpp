@@ -25,7 +25,7 @@ struct BatchSpec {
   int window_right = -1;
   uint64_t seed = 1;
   float input_range = 1.f;  // inputs drawn from U(-input_range, input_range)
-  int row_pad = 0;  // extra elements after each row, to exercise row strides
+  int row_pad = 0;          // extra elements after each row, to exercise row strides
 };
 
 struct GpuBatch {

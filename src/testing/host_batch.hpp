@@ -1,5 +1,5 @@
-// Host-side jagged batches for the tests, the CLI and the GPU checks: strided tensors of any jf_dtype held as raw bytes, read
-// and written as double, and a jf_problem that points into them.
+// Host-side jagged batches for the tests, the CLI and the GPU checks: strided tensors of any jf_dtype held as
+// raw bytes, read and written as double, and a jf_problem that points into them.
 #pragma once
 
 #include "core/dtype.hpp"
@@ -79,8 +79,8 @@ struct HostTensor {
 };
 
 // row_stride = heads * (head_dim + head_pad) + row_pad, head_stride = head_dim + head_pad.
-inline HostTensor make_tensor(jf_dtype dtype, int64_t rows, int heads, int head_dim,
-                              int row_pad = 0, int head_pad = 0) {
+inline HostTensor make_tensor(jf_dtype dtype, int64_t rows, int heads, int head_dim, int row_pad = 0,
+                              int head_pad = 0) {
   HostTensor t;
   t.dtype = dtype;
   t.rows = rows;
@@ -113,9 +113,8 @@ struct HostBatch {
 };
 
 // q [total_q, H, D], k and v [total_kv, H_kv, D], values uniform in [-1, 1] rounded to dtype.
-inline HostBatch make_random_batch(const std::vector<int32_t>& len_q,
-                                   const std::vector<int32_t>& len_kv, int H, int H_kv, int D,
-                                   jf_dtype dtype, uint64_t seed, int row_pad = 0) {
+inline HostBatch make_random_batch(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv,
+                                   int H, int H_kv, int D, jf_dtype dtype, uint64_t seed, int row_pad = 0) {
   if (len_q.size() != len_kv.size()) throw std::invalid_argument("len_q and len_kv differ in size");
   HostBatch batch;
   batch.dtype = dtype;

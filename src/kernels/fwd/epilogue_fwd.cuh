@@ -29,8 +29,8 @@ __device__ __forceinline__ uint32_t pack2(cutlass::half_t, float a, float b) {
 // cannot hoist): otherwise it computes them once before the persistent loop and keeps them live
 // across the main loop, which spilled with three consumer warpgroups.
 template <class Traits, class TensorO, class Softmax>
-__device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorage<Traits>& smem, const TileInfo& t,
-                                           TensorO& o_rc, Softmax& softmax) {
+__device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorage<Traits>& smem,
+                                           const TileInfo& t, TensorO& o_rc, Softmax& softmax) {
   using Element = typename Traits::Element;
   uint32_t tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
@@ -72,7 +72,8 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
     if (i >= t.len_q) continue;
     const int64_t row = int64_t(t.q_start) + i;
     Element* dst = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride + chunk * kChunk;
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o_smem + row_local * kStride + chunk * kChunk);
+    *reinterpret_cast<uint4*>(dst) =
+        *reinterpret_cast<const uint4*>(o_smem + row_local * kStride + chunk * kChunk);
   }
   cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging rows are free for the next tile
 }

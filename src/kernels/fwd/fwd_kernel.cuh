@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warp = threadIdx.x / 32;
   const bool producer = warp / 4 == 0;  // warpgroup 0 produces, the others consume
   if (threadIdx.x == 0) {
-    constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp of the pair arrives once
+    constexpr int kConsumerWarps =
+        4 * Config::kConsumerWarpgroups;  // each consumer warp of the pair arrives once
     for (int pair = 0; pair < Config::kPairs; ++pair) {
       SharedStorage<Traits>& smem = storage[pair];
       for (int b = 0; b < 2; ++b) {

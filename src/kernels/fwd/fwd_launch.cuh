@@ -10,7 +10,8 @@ namespace jagflash::kernels::fwd {
 
 inline int sm_count() {
   int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return 132;
   return count;
 }
@@ -42,16 +43,18 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   const schedule::PlanKey key =
       schedule::plan_key({Config::kBlockM, Config::kBlockN}, pb.batch_size, pb.q.rows, pb.k.rows);
   cudaError_t err = launch.build_plan
-                        ? schedule::build_forward_plan(pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM,
-                                                       Config::kBlockN, launch.error_flag, launch.plan_key, key,
-                                                       launch.workspace, launch.plan, stream)
+                        ? schedule::build_forward_plan(
+                              pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM, Config::kBlockN,
+                              launch.error_flag, launch.plan_key, key, launch.workspace, launch.plan, stream)
                         : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
   if (err != cudaSuccess) return err;
 
   Params<Traits> p{};
   p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.q, pb.q), typename Traits::SmemLayoutQ{});
-  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.q), typename Traits::SmemLayoutKVStage{});
-  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.v, pb.q), typename Traits::SmemLayoutKVStage{});
+  p.tma_k =
+      make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.q), typename Traits::SmemLayoutKVStage{});
+  p.tma_v =
+      make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.v, pb.q), typename Traits::SmemLayoutKVStage{});
   p.total_q = static_cast<int32_t>(pb.q.rows);
   p.total_kv = static_cast<int32_t>(pb.k.rows > 0 ? pb.k.rows : pb.q.rows);  // the TMA's row count
   p.num_heads = pb.q.heads;
@@ -104,19 +107,25 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
     return run_forward_variant<TileConfig<Element, 256, BlockN<32>>>(a, launch, v.schedule, stream);
   } else {
     if (v.pairs == 2)
-      return run_forward_variant<TileConfig<Element, kHeadDim, BlockN<kHeadDim == 128 ? 64 : 128>, Warpgroups<1>, Pairs<2>>>(
+      return run_forward_variant<
+          TileConfig<Element, kHeadDim, BlockN<kHeadDim == 128 ? 64 : 128>, Warpgroups<1>, Pairs<2>>>(
           a, launch, v.schedule, stream);
     if constexpr (kHeadDim == 128) {
-      if (v.block_n == 64) return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
-      return v.ping_pong ? run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream)
-                         : run_forward_variant<TileConfig<Element, 128>>(a, launch, v.schedule, stream);
+      if (v.block_n == 64)
+        return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
+      return v.ping_pong
+                 ? run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream)
+                 : run_forward_variant<TileConfig<Element, 128>>(a, launch, v.schedule, stream);
     } else {
-      if (v.warpgroups == 3) return run_forward_variant<TileConfig<Element, 64, Warpgroups<3>>>(a, launch, v.schedule, stream);
+      if (v.warpgroups == 3)
+        return run_forward_variant<TileConfig<Element, 64, Warpgroups<3>>>(a, launch, v.schedule, stream);
       // Q in registers only where it measured a gain: D = 64 with two warpgroups, +1-4% under
       // causal; at D = 128 it measured -1 to -5%, and the three-warpgroup D = 64 tile has no
       // registers for it (ptxas serialises its wgmmas and spills).
-      return v.ping_pong ? run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule, stream)
-                         : run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
+      return v.ping_pong
+                 ? run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule,
+                                                                                        stream)
+                 : run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
     }
   }
 }

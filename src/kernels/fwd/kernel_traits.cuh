@@ -7,11 +7,11 @@
 #include "kernels/fwd/variants.hpp"
 #include "schedule/plan.hpp"
 
-#include <cute/tensor.hpp>
-#include <cute/atom/mma_atom.hpp>
-#include <cute/atom/copy_atom.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
 
 #include <cstdint>
 #include <type_traits>
@@ -45,8 +45,10 @@ struct KernelTraits {
   // Q, K, V tiles in shared memory: head dim contiguous, 128-byte swizzle (the wgmma-native
   // layout, bank-conflict free for both the TMA writes and the tensor-core reads).
   using SmemAtom = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));  // one buffer (the TMA box)
-  using SmemLayoutQBuffers = decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim, Int<Config::kQBuffers>>{}));
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));  // one buffer (the TMA box)
+  using SmemLayoutQBuffers =
+      decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim, Int<Config::kQBuffers>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim, Int<kStages>>{}));
   using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<BlockN, HeadDim>{}));
   // V read as the B operand of O = P V, i.e. as (head dim, keys): the same bytes, transposed view.
@@ -58,25 +60,27 @@ struct KernelTraits {
   // both operands from shared memory (Q from registers with kQInRegisters); O += P V takes P
   // from registers.
   using WgLayout = Layout<Shape<Int<Config::kConsumerWarpgroups>, _1, _1>>;
-  using MmaAtomQK = std::conditional_t<Config::kQInRegisters,
-                                       decltype(GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>()),
-                                       decltype(GMMA::ss_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>())>;
+  using MmaAtomQK = std::conditional_t<
+      Config::kQInRegisters,
+      decltype(GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>()),
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<WgRows, BlockN, HeadDim>>())>;
   using TiledMmaQK = decltype(make_tiled_mma(MmaAtomQK{}, WgLayout{}));
-  using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, HeadDim, BlockN>, GMMA::Major::K, GMMA::Major::MN>(),
-      WgLayout{}));
+  using TiledMmaPV =
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgRows, HeadDim, BlockN>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              WgLayout{}));
 
   // Global tensors as TMA sees them: (rows, head dim, heads), row and head strides from the
   // caller, head dim contiguous.
   using GmemShape = Shape<int32_t, HeadDim, int32_t>;
   using GmemStride = Stride<int64_t, _1, int64_t>;
   using GmemLayout = Layout<GmemShape, GmemStride>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
-                                      SmemLayoutQ{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{},
-                                       make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
-                                       SmemLayoutKVStage{}));
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayoutKVStage{}));
 
   // Sizes from the config, which also budgets the shared memory with them.
   static constexpr int kOSmemStride = Config::kOSmemStride;
@@ -95,8 +99,8 @@ struct TileInfo {
   int32_t kv_start;
   int32_t len_q;
   int32_t len_kv;
-  IndexRange kv_blocks;     // every KV block the tile visits
-  IndexRange unmasked;      // the blocks among them that need no mask (may be empty)
+  IndexRange kv_blocks;  // every KV block the tile visits
+  IndexRange unmasked;   // the blocks among them that need no mask (may be empty)
 };
 
 template <class Traits>
@@ -109,8 +113,8 @@ struct SharedStorage {
   // Q is double-buffered by tile parity (kQBuffers = 2): the producer loads the next tile's Q
   // while the consumers still work on the current one, so a tile starts without waiting for its
   // Q and the two warpgroups may drift apart across tile boundaries.
-  uint64_t q_full[2];                 // producer -> consumers: Q of the tile landed
-  uint64_t q_empty[2];                // consumers -> producer: Q may be overwritten
+  uint64_t q_full[2];   // producer -> consumers: Q of the tile landed
+  uint64_t q_empty[2];  // consumers -> producer: Q may be overwritten
   // K and V have their own barriers: a K stage frees as soon as S = Q K^T is done, so the next
   // K load starts while the consumers still run the softmax and O += P V of the block.
   uint64_t k_full[Traits::kStages];
@@ -125,9 +129,9 @@ struct SharedStorage {
   // the tile in registers across the main loop; with three consumer warpgroups that spilled).
   static constexpr uint32_t kTileSlots = 4;
   TileInfo tile[kTileSlots];
-  int32_t has_tile[kTileSlots];       // 0: no more work
-  uint64_t tile_full[kTileSlots];     // scheduler -> producer: the slot holds the next tile
-  uint64_t tile_empty[kTileSlots];    // consumers -> scheduler: the tile's epilogue is done
+  int32_t has_tile[kTileSlots];     // 0: no more work
+  uint64_t tile_full[kTileSlots];   // scheduler -> producer: the slot holds the next tile
+  uint64_t tile_empty[kTileSlots];  // consumers -> scheduler: the tile's epilogue is done
 };
 
 // Device parameters: plain values, built once on the host by the launcher.
@@ -154,7 +158,8 @@ struct Params {
   // What the plan in the workspace was built for, and what this launch needs (schedule::PlanKey).
   const schedule::PlanKey* plan_key;
   schedule::PlanKey expected_plan_key;
-  // The plan (schedule/plan_device): (batch, q block) pairs, heaviest sequence first, a sequence's pairs together.
+  // The plan (schedule/plan_device): (batch, q block) pairs, heaviest sequence first, a sequence's pairs
+  // together.
   const int32_t* sorted_pairs;
   const int32_t* pair_batch;
   const int32_t* pair_block;

@@ -13,8 +13,8 @@
 #include "kernels/fwd/softmax.cuh"
 #include "kernels/fwd/trace_fwd.cuh"
 
-#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cute/tensor.hpp>
 
 namespace jagflash::kernels::fwd {
 
@@ -24,8 +24,8 @@ using namespace cute;
 // kARegisters: A is a register fragment (P), which must be fenced like the accumulator.
 // kWait: wait for the batch here; otherwise the caller waits with warpgroup_wait<N>() and then
 // fences the accumulator before touching it. kCommit = false leaves the commit to the caller.
-template <bool kZeroInit, bool kARegisters, bool kWait, bool kCommit = true, class TiledMma, class TA, class TB,
-          class TC>
+template <bool kZeroInit, bool kARegisters, bool kWait, bool kCommit = true, class TiledMma, class TA,
+          class TB, class TC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
   warpgroup_fence_operand(c);
@@ -48,7 +48,8 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
 // registers of S = Q K^T (kQInRegisters): ldmatrix reads the swizzled tile in the wgmma's
 // register layout.
 template <class Element, class TiledMma, class TS, class TR>
-__device__ __forceinline__ void copy_q_to_registers(TiledMma const& mma, TS const& sQ_buffer, TR& tSrQ, int thread) {
+__device__ __forceinline__ void copy_q_to_registers(TiledMma const& mma, TS const& sQ_buffer, TR& tSrQ,
+                                                    int thread) {
   auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
   auto thr_q_copy = q_copy.get_thread_slice(thread);
   Tensor tQrQ = thr_q_copy.retile_D(tSrQ);
@@ -88,9 +89,10 @@ struct Producer {
 
       // Rows are addressed from the sequence's first token: loads past its end read the next
       // sequence (masked by the consumers, never stored) or are zero-filled past the tensor.
-      Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, t.head)), Shape<BlockM, HeadDim>{},
-                             make_coord(t.m_block, _0{}));
-      auto [tQg, tQs] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, t.head)),
+                             Shape<BlockM, HeadDim>{}, make_coord(t.m_block, _0{}));
+      auto [tQg, tQs] =
+          tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       FullBarrier::arrive_and_expect_tx(&smem.q_full[q_buf], Traits::kQBytes);
       copy(p.tma_q.with(smem.q_full[q_buf]), tQg, tQs(_, q_buf));
 
@@ -99,8 +101,10 @@ struct Producer {
       Tensor gV = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mV(_, _, t.kv_head)),
                              Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));
       // Not structured bindings: the loaders below capture them (a C++20 feature otherwise).
-      auto k_parts = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto v_parts = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      auto k_parts =
+          tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto v_parts =
+          tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
       Tensor tKg = get<0>(k_parts);
       Tensor tKs = get<1>(k_parts);
       Tensor tVg = get<0>(v_parts);
@@ -145,20 +149,25 @@ struct WarpgroupTurns {
   __device__ explicit WarpgroupTurns(int wg) : warpgroup(static_cast<uint32_t>(wg)) {
     if constexpr (kPingPong)
       asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 1;\n @p bar.arrive 8, %1;\n}\n" ::"r"(warpgroup),
-                   "n"(kThreads) : "memory");
+                   "n"(kThreads)
+                   : "memory");
   }
   // Warpgroup 0 waits on barrier 8, warpgroup 1 on 9.
   __device__ void wait_turn() const {
     if constexpr (kPingPong)
-      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.sync 8, %1;\n @!p bar.sync 9, %1;\n}\n" ::"r"(
-                       warpgroup),
-                   "n"(kThreads) : "memory");
+      asm volatile(
+          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.sync 8, %1;\n @!p bar.sync 9, %1;\n}\n" ::"r"(
+              warpgroup),
+          "n"(kThreads)
+          : "memory");
   }
   __device__ void pass_turn() const {
     if constexpr (kPingPong)
-      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.arrive 9, %1;\n @!p bar.arrive 8, %1;\n}\n" ::"r"(
-                       warpgroup),
-                   "n"(kThreads) : "memory");
+      asm volatile(
+          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.arrive 9, %1;\n @!p bar.arrive 8, %1;\n}\n" ::
+              "r"(warpgroup),
+          "n"(kThreads)
+          : "memory");
   }
 };
 
@@ -227,9 +236,11 @@ struct Consumer {
       // S = Q K^T of the block in stage k_stage, issued (not waited for).
       auto issue_s = [&](uint32_t k_stage) {
         if constexpr (kQInRegisters)
-          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/true, /*kWait=*/false>(mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/true, /*kWait=*/false>(
+              mma_qk, tSrQ, tSrK(_, _, _, k_stage), tSrS);
         else
-          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+              mma_qk, tSrQ(_, _, _, q_buf), tSrK(_, _, _, k_stage), tSrS);
       };
       softmax.reset();
       clear(tOrO);
@@ -252,7 +263,8 @@ struct Consumer {
         const bool left_edge = p.mask.left >= 0;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const IndexRange keys = p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
+          const IndexRange keys =
+              p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
           // Visible columns of this block, relative to the thread's first column.
           const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
           const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
@@ -280,8 +292,10 @@ struct Consumer {
       // Called before this block's k_uses/v_uses increments; v_ahead: 1 if this block uses a V.
       auto probe_next_kv = [&](bool exists, uint32_t v_ahead) {
         const uint32_t k_next = k_uses + 1, v_next = v_uses + v_ahead;
-        const bool k_ready = EmptyBarrier::test_wait(&smem.k_full[k_next % kStages], (k_next / kStages) & 1, 1);
-        const bool v_ready = EmptyBarrier::test_wait(&smem.v_full[v_next % kStages], (v_next / kStages) & 1, 1);
+        const bool k_ready =
+            EmptyBarrier::test_wait(&smem.k_full[k_next % kStages], (k_next / kStages) & 1, 1);
+        const bool v_ready =
+            EmptyBarrier::test_wait(&smem.v_full[v_next % kStages], (v_next / kStages) & 1, 1);
         next_kv_ready = exists & k_ready & v_ready;
       };
       if (n_lo <= n_hi) {
@@ -319,7 +333,8 @@ struct Consumer {
         trace.stamp(trace_thread, kTraceIssue);
         issue_s(k_stage);
         OnlineSoftmax<kRows>::rescale(o_rc, correction);  // no GEMM in flight uses O
-        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+            mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
         probe_next_kv(n > n_lo, 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
@@ -348,7 +363,8 @@ struct Consumer {
         EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
         turns.wait_turn();
         OnlineSoftmax<kRows>::rescale(o_rc, correction);
-        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
+        warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+            mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);

@@ -14,7 +14,8 @@ namespace jagflash::kernels::fwd {
 template <class Traits>
 __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
   TileInfo t;
-  const int32_t pair = p.schedule == Schedule::kGrid ? tile / p.num_heads : p.sorted_pairs[tile / p.num_heads];
+  const int32_t pair =
+      p.schedule == Schedule::kGrid ? tile / p.num_heads : p.sorted_pairs[tile / p.num_heads];
   t.batch = p.pair_batch[pair];
   t.m_block = p.pair_block[pair];
   t.q_start = p.q_offsets[t.batch];
@@ -23,7 +24,8 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
   t.len_kv = p.kv_offsets[t.batch + 1] - t.kv_start;
   if (p.schedule != Schedule::kGrid && p.mask.is_full()) {  // the plan's order: head by head
     const int32_t q_blocks = (t.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    const schedule::TileInSequence at = schedule::tile_in_sequence(tile, p.num_heads, t.m_block, q_blocks, true);
+    const schedule::TileInSequence at =
+        schedule::tile_in_sequence(tile, p.num_heads, t.m_block, q_blocks, true);
     t.head = at.head;
     t.m_block = at.block;
   } else {  // the plain grid's (batch, block, head) order, and the plan's under a mask: heads innermost
@@ -31,7 +33,8 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
   }
   t.kv_head = t.head / p.group;
   t.kv_blocks = p.mask.kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
-  t.unmasked = p.mask.unmasked_kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
+  t.unmasked =
+      p.mask.unmasked_kv_blocks_of_q_block(t.m_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
   return t;
 }
 
@@ -42,9 +45,12 @@ __device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t ro
   const int32_t ctas = static_cast<int32_t>(gridDim.x) * Traits::kPairs;
   const int32_t cta = static_cast<int32_t>(blockIdx.x) * Traits::kPairs + pair;
   switch (p.schedule) {
-    case Schedule::kZigzag: return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
-    case Schedule::kGrid: return round == 0 ? cta : INT32_MAX;
-    default: return atomicAdd(p.tile_counter, 1);
+    case Schedule::kZigzag:
+      return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+    case Schedule::kGrid:
+      return round == 0 ? cta : INT32_MAX;
+    default:
+      return atomicAdd(p.tile_counter, 1);
   }
 }
 

@@ -14,7 +14,8 @@ using namespace cute;
 template <class Layout>
 __host__ __device__ __forceinline__ auto rowcol_layout(Layout l) {
   static_assert(rank(Layout{}) == 3 && rank(get<0>(Layout{})) == 3, "expects a wgmma C layout");
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)),
+                     make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
 }
 
 // The same registers as the A operand of a 16-bit wgmma: ((2, 2, 2), M tiles, K/16). Two
@@ -32,11 +33,12 @@ __device__ __forceinline__ auto acc_as_a_operand_layout(Layout l) {
 // from the thread index keeps two registers live instead of a coordinate per element;
 // tests/test_cute_headers.cu checks it against CuTe's own partitioning.
 struct AccumulatorCoords {
-  int row0;     // tile row of rowcol row 0 (row 1 is row0 + 8)
-  int col_base; // (l%4)*2
+  int row0;      // tile row of rowcol row 0 (row 1 is row0 + 8)
+  int col_base;  // (l%4)*2
 
   __host__ __device__ explicit AccumulatorCoords(int thread)
-      : row0((thread / 128) * 64 + ((thread % 128) / 32) * 16 + (thread % 32) / 4), col_base((thread % 4) * 2) {}
+      : row0((thread / 128) * 64 + ((thread % 128) / 32) * 16 + (thread % 32) / 4),
+        col_base((thread % 4) * 2) {}
   __host__ __device__ int row(int r) const { return row0 + 8 * r; }
   __host__ __device__ static constexpr int col_offset(int c) { return (c / 2) * 8 + (c % 2); }
   __host__ __device__ int col(int c) const { return col_base + col_offset(c); }

@@ -1,8 +1,8 @@
 // Tile shapes of the Hopper forward kernel, chosen in one place.
 #pragma once
 
-#include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
+#include <cute/tensor.hpp>
 
 namespace jagflash::kernels::fwd {
 
@@ -37,33 +37,43 @@ namespace jagflash::kernels::fwd {
 //   TileConfig<Element, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>
 struct PingPong {};
 struct QInRegisters {};
-template <int kKeys> struct BlockN {};
-template <int kCount> struct Warpgroups {};
-template <int kCount> struct Pairs {};
+template <int kKeys>
+struct BlockN {};
+template <int kCount>
+struct Warpgroups {};
+template <int kCount>
+struct Pairs {};
 
 namespace detail {
 // Folds the option tags over the defaults: each level overrides (hides) one member of the rest.
-template <class... Options> struct TileOptions;
-template <> struct TileOptions<> {
+template <class... Options>
+struct TileOptions;
+template <>
+struct TileOptions<> {
   static constexpr bool kPingPong = false;
   static constexpr bool kQInRegisters = false;
   static constexpr int kBlockN = 128;
   static constexpr int kWarpgroups = 2;
   static constexpr int kPairs = 1;
 };
-template <class... Rest> struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
+template <class... Rest>
+struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
   static constexpr bool kPingPong = true;
 };
-template <class... Rest> struct TileOptions<QInRegisters, Rest...> : TileOptions<Rest...> {
+template <class... Rest>
+struct TileOptions<QInRegisters, Rest...> : TileOptions<Rest...> {
   static constexpr bool kQInRegisters = true;
 };
-template <int kKeys, class... Rest> struct TileOptions<BlockN<kKeys>, Rest...> : TileOptions<Rest...> {
+template <int kKeys, class... Rest>
+struct TileOptions<BlockN<kKeys>, Rest...> : TileOptions<Rest...> {
   static constexpr int kBlockN = kKeys;
 };
-template <int kCount, class... Rest> struct TileOptions<Warpgroups<kCount>, Rest...> : TileOptions<Rest...> {
+template <int kCount, class... Rest>
+struct TileOptions<Warpgroups<kCount>, Rest...> : TileOptions<Rest...> {
   static constexpr int kWarpgroups = kCount;
 };
-template <int kCount, class... Rest> struct TileOptions<Pairs<kCount>, Rest...> : TileOptions<Rest...> {
+template <int kCount, class... Rest>
+struct TileOptions<Pairs<kCount>, Rest...> : TileOptions<Rest...> {
   static constexpr int kPairs = kCount;
 };
 }  // namespace detail
@@ -85,7 +95,7 @@ struct TileConfig {
 
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kPairSmemLimit = kSmemLimit / kPairs;
-  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));       // one Q buffer
+  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));        // one Q buffer
   static constexpr int kKVBlockBytes = kBlockN * kHeadDim * int(sizeof(Element));  // one K (or V) block
   // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
   // then hit 32 different banks.
@@ -96,7 +106,8 @@ struct TileConfig {
   // room for one each (two would leave a single K/V stage); the other pair hides the wait. At
   // D = 256 a second 64 KB Q buffer does not fit next to two K/V stages.
   static constexpr int kQBuffers = kPairs == 1 && kHeadDim <= 128 ? 2 : 1;
-  static constexpr int kFitStages = (kPairSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  static constexpr int kFitStages =
+      (kPairSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
   // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.
@@ -108,11 +119,14 @@ struct TileConfig {
   static constexpr int kProducerRegisters = kAllConsumerWarpgroups == 2 ? 56 : 32;
   static constexpr int kConsumerRegisters = kAllConsumerWarpgroups == 2 ? 224 : 160;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper forward serves head dims 64, 128, 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "the Hopper forward serves head dims 64, 128, 256");
   static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256),
                 "key blocks of 64 or 128 (32 at D = 256)");
-  static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2), "D = 256: one pair, two warpgroups");
-  static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3, "two or three consumer warpgroups");
+  static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2),
+                "D = 256: one pair, two warpgroups");
+  static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3,
+                "two or three consumer warpgroups");
   static_assert(kPairs == 1 || (kPairs == 2 && kConsumerWarpgroups == 1 && !kPingPong),
                 "two pairs of one consumer warpgroup each, or one pair");
   static_assert(!kPingPong || kConsumerWarpgroups == 2, "ping-pong takes turns between two warpgroups");

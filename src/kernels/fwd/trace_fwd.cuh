@@ -1,9 +1,9 @@
 // Diagnostic clock stamps of the forward's consumer loop, compiled in only with
 // -DJAGFLASH_FWD_TRACE (a diagnostic build, never the library's): thread 0 of each consumer
 // warpgroup of CTA 0 stamps six points of every KV block of its first tile; the launcher prints
-// them after each launch (a tile is complete once the warpgroup starts its second). bench/trace_fwd.py turns the printout into per-phase medians
-// (barrier wait, S latency, softmax, P V wait, rescale + conversion, period). This is how the
-// lost intra-warpgroup overlap was found in session 8 (bench/NOTES.md).
+// them after each launch (a tile is complete once the warpgroup starts its second). bench/trace_fwd.py turns
+// the printout into per-phase medians (barrier wait, S latency, softmax, P V wait, rescale + conversion,
+// period). This is how the lost intra-warpgroup overlap was found in session 8 (bench/NOTES.md).
 #pragma once
 
 #include <cstdint>
@@ -15,12 +15,12 @@ namespace jagflash::kernels::fwd {
 
 // Stamp points, in the order the loop reaches them.
 enum TracePoint : int {
-  kTraceTop = 0,        // block starts: before the K/V full-barrier waits
-  kTraceIssue = 1,      // barriers passed: the GEMMs are issued next
-  kTraceScores = 2,     // S is ready
-  kTraceSoftmax = 3,    // softmax done
-  kTraceGemmDone = 4,   // O += P V of the previous block is done
-  kTraceEnd = 5,        // O rescaled, P converted
+  kTraceTop = 0,       // block starts: before the K/V full-barrier waits
+  kTraceIssue = 1,     // barriers passed: the GEMMs are issued next
+  kTraceScores = 2,    // S is ready
+  kTraceSoftmax = 3,   // softmax done
+  kTraceGemmDone = 4,  // O += P V of the previous block is done
+  kTraceEnd = 5,       // O rescaled, P converted
   kTracePoints = 6
 };
 
@@ -52,13 +52,15 @@ struct ConsumerTrace {
 inline void print_forward_trace() {
   long long stamps[2][256][kTracePoints];
   int blocks[2] = {0, 0};
-  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(blocks, g_fwd_trace_blocks, sizeof(blocks)) != cudaSuccess ||
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpyFromSymbol(blocks, g_fwd_trace_blocks, sizeof(blocks)) != cudaSuccess ||
       cudaMemcpyFromSymbol(stamps, g_fwd_trace, sizeof(stamps)) != cudaSuccess)
     return;
   for (int wg = 0; wg < 2; ++wg)
     for (int i = 0; i < blocks[wg] && i < 256; ++i) {
       const long long* r = stamps[wg][i];
-      std::printf("TRACE wg %d blk %d : %lld %lld %lld %lld %lld %lld\n", wg, i, r[0], r[1], r[2], r[3], r[4], r[5]);
+      std::printf("TRACE wg %d blk %d : %lld %lld %lld %lld %lld %lld\n", wg, i, r[0], r[1], r[2], r[3], r[4],
+                  r[5]);
     }
   const int zero[2] = {0, 0};
   cudaMemcpyToSymbol(g_fwd_trace_blocks, zero, sizeof(zero));

@@ -36,10 +36,10 @@ struct ForwardVariant {
 //   JAGFLASH_FWD_PAIRS      = 1 | 2          (2: one warpgroup per 64-row tile, two per CTA)
 struct ForwardKnobs {
   Schedule schedule = Schedule::kDynamic;
-  int ping_pong = -1;   // -1: not forced
-  int block_n = 0;      // 0: not forced
-  int warpgroups = 0;   // 0: not forced
-  int pairs = 0;        // 0: not forced
+  int ping_pong = -1;  // -1: not forced
+  int block_n = 0;     // 0: not forced
+  int warpgroups = 0;  // 0: not forced
+  int pairs = 0;       // 0: not forced
 
   static const ForwardKnobs& get() {
     static const ForwardKnobs knobs = [] {
@@ -48,7 +48,8 @@ struct ForwardKnobs {
         if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
         if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
       }
-      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
+      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG"))
+        k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
       if (const char* s = std::getenv("JAGFLASH_FWD_BLOCK_N")) k.block_n = std::atoi(s) == 64 ? 64 : 128;
       if (const char* s = std::getenv("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
       if (const char* s = std::getenv("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
@@ -74,10 +75,12 @@ struct ForwardKnobs {
 //    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
 //    without the hint the host cannot tell a batch of short sequences from one with a long tail.
 inline constexpr int32_t kPairsMaxSeqlen = 256;
-inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const ForwardKnobs& k = ForwardKnobs::get()) {
+inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
+                                             const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  if (a.problem.q.head_dim == 256) {  // one shape (tile_config.hpp: shared memory); only the schedule knob applies
+  if (a.problem.q.head_dim ==
+      256) {  // one shape (tile_config.hpp: shared memory); only the schedule knob applies
     v.block_n = 32;
     return v;
   }
