@@ -141,11 +141,9 @@ void read_device_error(const void* workspace, void* stream) {
                 {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
                 {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
                 {schedule::kPlanMismatchFlag,
-                 " launch.reuse_plan: expected the workspace to hold the plan of an earlier call with the "
-                 "same batch size, "
-                 "q/kv rows and kernel variant (dtype, head dim, mask, shapes, max_seqlen_hint), found "
-                 "another or none; "
-                 "pass reuse_plan = 0 to build it;"}};
+                 " launch.reuse_plan: expected the workspace to hold the plan of an earlier call"
+                 " with the same batch size, q/kv rows and kernel variant (dtype, head dim, mask,"
+                 " shapes, max_seqlen_hint), found another or none; pass reuse_plan = 0 to build it;"}};
   static_assert((schedule::kPlanMismatchFlag & (2 * oracle::kKvLastNotTotal - 1)) == 0, "flag bits overlap");
   for (const auto& c : checks)
     if (flag & c.bit) m << c.text;

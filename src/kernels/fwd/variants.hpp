@@ -79,8 +79,8 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  if (a.problem.q.head_dim ==
-      256) {  // one shape (tile_config.hpp: shared memory); only the schedule knob applies
+  // D = 256: one shape (tile_config.hpp: shared memory); only the schedule knob applies.
+  if (a.problem.q.head_dim == 256) {
     v.block_n = 32;
     return v;
   }
