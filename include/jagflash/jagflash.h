@@ -51,7 +51,8 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
- * kernel where it serves the call (sm_90, bf16/fp16, head dim 64/128/256, forward), else the oracle. */
+ * kernel where it serves the call (sm_90, bf16/fp16; forward: head dim 64/128/256, backward: head
+ * dim 64/128), else the oracle. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
@@ -103,6 +104,11 @@ typedef struct jf_launch {
    * results, and a wrong value is not detected (the kernels serve any length). A call that
    * reuses a plan (reuse_plan) must pass the hint of the call that built it. */
   int32_t max_seqlen_hint;
+  /* Backward only. Non-zero: dq, dk and dv are bitwise identical from run to run (the Hopper
+   * backward adds the dq partials of a query block in a fixed order). With 0, dk and dv still
+   * are; dq may differ in the last bits (fp32 reduce-adds in arrival order). The forward is
+   * always deterministic. */
+  int32_t deterministic;
 } jf_launch;
 
 typedef struct jf_fwd_args {

@@ -82,6 +82,7 @@ class Launch(ctypes.Structure):
         ("backend", c_enum),
         ("reuse_plan", ctypes.c_int32),
         ("max_seqlen_hint", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
     ]
 
 
