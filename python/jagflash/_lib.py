@@ -1,7 +1,8 @@
 """Finds and loads libjagflash.so once, and declares the C functions' signatures.
 
 Search order (the first that exists wins):
-  1. $JAGFLASH_LIBRARY, a path to the library (a build carried to another machine);
+  1. $JAGFLASH_LIBRARY, a path to the library (a build carried to another machine): when set, it
+     is the only candidate, and a path that is not a file raises;
   2. the copy that `pip install .` ships inside the package;
   3. <repo>/build/libjagflash.so, for a source checkout on PYTHONPATH=python.
 """
@@ -16,15 +17,12 @@ _LIBRARY_NAME = "libjagflash.so"
 
 
 def candidate_paths():
-    """Where the library is looked for, in order."""
-    paths = []
+    """Where the library is looked for, in order: $JAGFLASH_LIBRARY alone when it is set."""
     env = os.environ.get("JAGFLASH_LIBRARY")
     if env:
-        paths.append(Path(env))
+        return [Path(env)]
     here = Path(__file__).resolve().parent
-    paths.append(here / _LIBRARY_NAME)
-    paths.append(here.parent.parent / "build" / _LIBRARY_NAME)
-    return paths
+    return [here / _LIBRARY_NAME, here.parent.parent / "build" / _LIBRARY_NAME]
 
 
 def _declare(lib):
@@ -56,6 +54,12 @@ def _declare(lib):
 
 def library_path():
     """Path of the library that lib() loads; OSError naming every place looked in if none."""
+    env = os.environ.get("JAGFLASH_LIBRARY")
+    if env and not Path(env).is_file():
+        # A path the user chose is never replaced by another copy behind their back: that copy
+        # may be another build (another version, other kernels) than the one they meant to test.
+        raise OSError(f"jagflash: JAGFLASH_LIBRARY={env} is not a file; unset it to use the packaged "
+                      "or <repo>/build library")
     paths = candidate_paths()
     for path in paths:
         if path.is_file():

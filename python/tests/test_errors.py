@@ -1,9 +1,14 @@
 """Errors: the C API's messages (argument, expected, given) as Python exceptions, and the few
 checks made in Python in the same shape."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import jagflash
+from jagflash import _lib
 from conftest import DEVICES, make_batch, offsets_of
 
 
@@ -97,8 +102,15 @@ def test_python_side_checks(batch, change, message):
         ({"window": 5}, r"window: expected a pair \(left, right\)"),
         ({"scale": 0.0}, r"scale: expected a non-zero number"),
         ({"check_offsets": "sometimes"}, r"check_offsets: expected \"auto\", \"host\" or \"device\", got 'sometimes'"),
+        # Once truncated to (1, 0), counted as causal, wrapped to 0 by ctypes:
+        ({"window": (1.9, 0)}, r"window\[0\]: expected an int \(-1 = unbounded\), got 1.9"),
+        ({"window": (0, True)}, r"window\[1\]: expected an int \(-1 = unbounded\), got True"),
+        ({"causal": "no"}, r"causal: expected True or False, got 'no'"),
+        ({"causal": 1}, r"causal: expected True or False, got 1"),
+        ({"window": (2**32, 0)}, r"window\[0\]: expected >= -1 \(-1 = unbounded\) and < 2\^31, got 4294967296"),
     ],
-    ids=["causal-right-window", "window-below-minus-one", "window-not-a-pair", "zero-scale", "check-mode"],
+    ids=["causal-right-window", "window-below-minus-one", "window-not-a-pair", "zero-scale", "check-mode",
+         "float-window", "bool-window", "string-causal", "int-causal", "window-past-int32"],
 )
 def test_argument_checks(batch, kwargs, message):
     with pytest.raises(jagflash.InvalidArgumentError, match=message):
@@ -137,3 +149,20 @@ def test_cpu_is_checked_on_the_host_even_in_device_mode(batch):
 def test_bad_max_seqlen(batch, kwargs, name):
     with pytest.raises(jagflash.InvalidArgumentError, match=rf"{name}: expected None or an int in \[0, 2\^31\)"):
         _call(batch, **kwargs)
+
+
+def test_library_path_the_user_set_must_exist(monkeypatch):
+    monkeypatch.setenv("JAGFLASH_LIBRARY", "/nonexistent.so")
+    with pytest.raises(OSError, match=r"JAGFLASH_LIBRARY=/nonexistent.so is not a file"):
+        _lib.library_path()
+
+
+def test_library_path_the_user_set_is_not_replaced_in_a_fresh_process():
+    """The first call loads the library: with a path that cannot be loaded it must fail there,
+    not fall back to the packaged or the build tree's copy (which exists here)."""
+    package_parent = os.path.dirname(os.path.dirname(jagflash.__file__))
+    env = dict(os.environ, JAGFLASH_LIBRARY="/nonexistent.so", PYTHONPATH=package_parent)
+    result = subprocess.run([sys.executable, "-c", "import jagflash; print(jagflash.library_version())"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, f"loaded a library anyway: {result.stdout}"
+    assert "JAGFLASH_LIBRARY=/nonexistent.so is not a file" in result.stderr, result.stderr
