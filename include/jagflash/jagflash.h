@@ -153,7 +153,10 @@ jf_status jagflash_read_device_error(const void* workspace, void* stream);
 jf_status jagflash_generate_lengths(const char* distribution, uint64_t seed, int32_t* lengths,
                                     int32_t capacity, int32_t* batch_size);
 
-/* Number of visible (query, key) pairs of one sequence under a mask: FLOP counts use it. */
+/* Number of visible (query, key) pairs of one sequence under a mask: FLOP counts use it. Returns
+ * -1 (which no count equals) on invalid input: a negative length, an unknown mask, window fields
+ * that break jf_mask's rules (JF_MASK_NONE and JF_MASK_CAUSAL take -1, -1; JF_MASK_WINDOW
+ * takes values >= -1); jagflash_last_error() then says which. */
 int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask mask, int32_t window_left,
                                int32_t window_right);
 

@@ -1,7 +1,7 @@
 """The benchmark batches and FLOP counts, from the C library so Python and C++ agree exactly."""
 import ctypes
 
-from . import _errors, _lib
+from . import _capi, _errors, _lib
 from ._mask import mask_args
 
 # The five distributions of shared/bench/distributions.md, in the order its tables use.
@@ -26,4 +26,15 @@ def visible_pairs(len_q, len_kv, *, causal=False, window=(-1, -1)):
     """Number of (query, key) pairs one sequence computes under the mask; useful FLOPs of the
     forward are 4 * H * D * the sum over sequences (the backward's 2.5 times that)."""
     mask, left, right = mask_args(causal, window)
-    return int(_lib.lib().jagflash_visible_pairs(len_q, len_kv, mask, left, right))
+    for name, length in (("len_q", len_q), ("len_kv", len_kv)):
+        # ctypes would truncate a float or wrap a length past int32 without a word; the C call
+        # judges the rest (a negative length among them).
+        if isinstance(length, bool) or not isinstance(length, int) or not -(2**31) <= length < 2**31:
+            raise _errors.invalid_argument(name, "an int that fits int32", repr(length))
+    lib = _lib.lib()
+    pairs = lib.jagflash_visible_pairs(len_q, len_kv, mask, left, right)
+    # -1 is the C call's only error report (no count equals it); the reason is in last_error.
+    if pairs == -1:
+        message = lib.jagflash_last_error().decode("utf-8", errors="replace")
+        raise _errors.InvalidArgumentError(message, _capi.ERR_INVALID_ARGUMENT)
+    return int(pairs)

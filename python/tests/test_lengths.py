@@ -44,3 +44,25 @@ def test_unknown_distribution():
 )
 def test_visible_pairs(len_q, len_kv, kwargs, pairs):
     assert jagflash.visible_pairs(len_q, len_kv, **kwargs) == pairs
+
+
+def test_visible_pairs_reports_the_c_error():
+    """The C call's -1 (a negative length here) raises with its message instead of being
+    returned as a count."""
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"len_q and len_kv must be >= 0, got -1 and 4"):
+        jagflash.visible_pairs(-1, 4)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,message",
+    [
+        ((2**32 + 4, 4), {}, r"len_q: expected an int that fits int32, got 4294967300"),
+        ((4, 2.5), {}, r"len_kv: expected an int that fits int32, got 2.5"),
+        ((4, 4), {"window": (1.9, 0)}, r"window\[0\]: expected an int"),
+        ((4, 4), {"causal": "no"}, r"causal: expected True or False, got 'no'"),
+    ],
+    ids=["length-past-int32", "float-length", "float-window", "string-causal"],
+)
+def test_visible_pairs_checks_its_arguments(args, kwargs, message):
+    with pytest.raises(jagflash.InvalidArgumentError, match=message):
+        jagflash.visible_pairs(*args, **kwargs)
