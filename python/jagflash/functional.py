@@ -2,7 +2,7 @@
 import torch
 
 from . import _offsets_check, ops
-from ._errors import invalid_argument
+from ._errors import InvalidArgumentError, invalid_argument
 from ._mask import mask_args
 
 
@@ -11,7 +11,28 @@ def _offsets(name, offsets):
     if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
         given = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
         raise invalid_argument(name, "an int32 or int64 tensor of B+1 offsets", given)
-    return offsets.to(torch.int32).contiguous()
+    if offsets.dtype == torch.int32:
+        return offsets.contiguous()
+    # The cast wraps: 2^32 + 4 would become 4, in offsets that may well pass every check. A value
+    # the cast changes becomes -1 instead, which no valid offsets hold (they start at 0 and never
+    # decrease), so the offsets check rejects the call, on the host or on the device, with no sync
+    # here; _out_of_int32 then names the value given. Two small kernels more than the cast: int32
+    # offsets skip them.
+    narrowed = offsets.to(torch.int32)
+    return torch.where(narrowed != offsets, -1, narrowed).contiguous()
+
+
+def _out_of_int32(named_offsets):
+    """An InvalidArgumentError for the first int64 offset that int32 cannot hold, or None. Reads
+    the offsets on the host: called on the error path only."""
+    for name, offsets in named_offsets:
+        if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int64:
+            continue
+        bad = (offsets.to(torch.int32) != offsets).nonzero()
+        if bad.numel():
+            index = bad[0, 0].item()
+            return invalid_argument(f"{name}[{index}]", "an offset that fits int32", offsets[index].item())
+    return None
 
 
 def _scale(scale):
@@ -54,7 +75,7 @@ def jagged_attention(
     (fp32 also accepted). Rows may be strided (slices of a fused QKV); the head dim is made
     contiguous when it is not.
     q_offsets, kv_offsets: int32 or int64 [B+1] on the tensors' device, offsets[0] == 0,
-    non-decreasing, last == total; kv_offsets=None means q's.
+    non-decreasing, last == total, every value within int32; kv_offsets=None means q's.
     causal / window: FlashAttention's convention, bottom-right aligned when Lq != Lk: query i of a
     sequence sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1 unbounded; causal
     is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf)
@@ -76,10 +97,17 @@ def jagged_attention(
     kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
             _offsets_check.resolve(check_offsets), hint)
-    if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
-        out, lse = ops.EagerAttention.apply(*args)
-    else:
-        out, lse = ops.fwd(*args)
+    try:
+        if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
+            out, lse = ops.EagerAttention.apply(*args)
+        else:
+            out, lse = ops.fwd(*args)
+    except InvalidArgumentError as error:
+        # The C message names the -1 that _offsets put in place of a value int32 cannot hold.
+        cause = _out_of_int32((("q_offsets", q_offsets), ("kv_offsets", kv_offsets)))
+        if cause is None:
+            raise
+        raise cause from error
     return (out, lse) if return_lse else out
 
 

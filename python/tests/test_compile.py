@@ -85,3 +85,17 @@ def test_inductor_fullgraph(device):
     torch.testing.assert_close(loss, expected)
     for got, want in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
         torch.testing.assert_close(got, want)
+
+
+def test_int64_offsets_past_int32_raise_in_a_compiled_graph():
+    """The graph converts the offsets itself: a value int32 cannot hold must fail the offsets
+    check there too (the message names the -1 it became, not the value: only eager calls
+    read the offsets back to say which)."""
+    batch = make_batch(26, q_lengths=[4, 6])
+    compiled = torch.compile(lambda q, k, v, o: jagflash.jagged_attention(q, k, v, o), backend="aot_eager",
+                             fullgraph=True)
+    good = batch.q_offsets.long()
+    assert_same(compiled(batch.q, batch.k, batch.v, good), jagflash.jagged_attention(batch.q, batch.k, batch.v, good))
+    bad = torch.tensor([0, 2**32 + 4, 10])
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets\[1\]: expected non-decreasing offsets .*got -1"):
+        compiled(batch.q, batch.k, batch.v, bad)

@@ -103,6 +103,19 @@ def test_device_check_in_eager_mode():
     jagflash.read_device_error()
 
 
+def test_device_check_catches_int64_offsets_past_int32():
+    """check_offsets="device" reads nothing back at the call: an int64 offset that int32 cannot
+    hold must still fail the device check (it is not wrapped into offsets that look valid)."""
+    static = _batch()
+    bad = static.q_offsets.long()
+    bad[1] += 2**32
+    jagflash.jagged_attention(static.q, static.k, static.v, bad, static.kv_offsets, check_offsets="device")
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets"):
+        jagflash.read_device_error()
+    jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, check_offsets="device")
+    jagflash.read_device_error()
+
+
 def test_runs_on_the_current_stream():
     static = _batch()
     expected = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True)

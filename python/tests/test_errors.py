@@ -42,6 +42,25 @@ def test_bad_offsets_raise_the_c_message(device, offsets, message):
     assert info.value.status == 1  # JF_ERR_INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["q_offsets", "kv_offsets"])
+@pytest.mark.parametrize(
+    "offsets,index",
+    [
+        ([0, 2**32 + 4, 10], 1),  # the cast gave [0, 4, 10]: another batch's valid offsets
+        ([0, 4 - 2**32, 10], 1),  # the same 4, from below
+        ([0, 4, 2**31 + 10], 2),  # the C message named the wrapped -2147483638
+    ],
+    ids=["wraps-to-valid", "wraps-from-below", "wraps-negative"],
+)
+def test_int64_offsets_past_int32_raise_with_the_value_given(device, which, offsets, index):
+    batch = make_batch(43, q_lengths=[4, 6], device=device)
+    bad = torch.tensor(offsets, dtype=torch.int64, device=device)
+    with pytest.raises(jagflash.InvalidArgumentError,
+                       match=rf"{which}\[{index}\]: expected an offset that fits int32, got {offsets[index]}$"):
+        _call(batch, **{which: bad})
+
+
 def test_kv_offsets_total_is_checked(batch):
     with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.kv_offsets\[B=3\]: expected the token count 10"):
         _call(batch, kv_offsets=offsets_of([5, 2, 4]))
