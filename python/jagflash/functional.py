@@ -122,14 +122,48 @@ def _jagged_values(name, t):
     return t.values()
 
 
+def _kv_offsets(k, v):
+    """k's offsets, checked against v's without a host sync: v's must be the same, and where a
+    value differs the offsets passed on hold -1, which fails the offsets check (see _offsets)."""
+    k_offsets, v_offsets = k.offsets(), v.offsets()
+    # v on another device is reported by the checks of the values.
+    if v_offsets is k_offsets or v_offsets.device != k_offsets.device:
+        return k_offsets
+    if v_offsets.shape != k_offsets.shape:
+        raise invalid_argument("v", f"B = {k.size(0)} sequences (as k)", v.size(0))
+    return torch.where(v_offsets == k_offsets, k_offsets, -1)
+
+
+def _v_offsets_differ(k, v):
+    """An InvalidArgumentError if v's offsets are not k's, or None. Reads both on the host: called
+    on the error path only."""
+    k_offsets, v_offsets = k.offsets(), v.offsets()
+    if v_offsets.device != k_offsets.device:
+        return None
+    differ = (k_offsets != v_offsets).nonzero()
+    if not differ.numel():
+        return None
+    index = differ[0, 0].item()
+    return invalid_argument(f"v.offsets()[{index}]", f"k's offset {k_offsets[index].item()} (v must have k's lengths)",
+                            v_offsets[index].item())
+
+
 def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offsets=None):
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D).
 
-    k and v share k's offsets. Returns a nested tensor with q's offsets (so it adds to q). Masks,
-    scale and check_offsets as in jagged_attention.
+    k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
+    with q's offsets (so it adds to q). Masks, scale and check_offsets as in jagged_attention.
     """
-    out = jagged_attention(
-        _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v), q.offsets(), k.offsets(),
-        causal=causal, window=window, scale=scale, check_offsets=check_offsets,
-    )
+    q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
+    if k.offsets().shape != q.offsets().shape:
+        raise invalid_argument("k", f"B = {q.size(0)} sequences (as q)", k.size(0))
+    kv_offsets = _kv_offsets(k, v)
+    try:
+        out = jagged_attention(q_values, k_values, v_values, q.offsets(), kv_offsets, causal=causal, window=window,
+                               scale=scale, check_offsets=check_offsets)
+    except InvalidArgumentError as error:
+        cause = _v_offsets_differ(k, v)
+        if cause is None:
+            raise
+        raise cause from error
     return torch.nested.nested_tensor_from_jagged(out, q.offsets())

@@ -61,3 +61,37 @@ def test_nested_rejects_other_layouts():
     transposed = nt.transpose(1, 2)  # (B, H, j, D): ragged in dim 2
     with pytest.raises(jagflash.InvalidArgumentError, match="ragged in dim 1"):
         jagflash.attention(transposed, transposed, transposed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v_must_have_the_offsets_of_k(device):
+    """k and v with the same totals but other lengths: v's offsets were never read (the call
+    returned attention over k's lengths)."""
+    batch = make_batch(33, q_lengths=[3, 5], kv_lengths=[6, 2], device=device)
+    q, k = _nested(batch.q, batch.q_offsets), _nested(batch.k, batch.kv_offsets)
+    v = _nested(batch.v, torch.tensor([0, 2, 8], device=device))
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"v.offsets\(\)\[1\]: expected k's offset 6 .*, got 2"):
+        jagflash.attention(q, k, v)
+
+
+def test_batch_sizes_must_match():
+    seqs = [torch.randn(n, 2, 64) for n in (3, 1, 6)]
+    q = torch.nested.nested_tensor(seqs, layout=torch.jagged)
+    kv = torch.nested.nested_tensor(seqs[:2], layout=torch.jagged)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"k: expected B = 3 sequences \(as q\), got 2"):
+        jagflash.attention(q, kv, kv)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"v: expected B = 3 sequences \(as k\), got 2"):
+        jagflash.attention(q, q, kv)
+
+
+def test_v_offsets_are_checked_in_a_compiled_graph():
+    """Under compile no eager read-back names v: the call must still fail (on k's offsets,
+    made invalid where v's differ)."""
+    batch = make_batch(34, q_lengths=[3, 5], kv_lengths=[6, 2])
+    q, k = _nested(batch.q, batch.q_offsets), _nested(batch.k, batch.kv_offsets)
+    v = _nested(batch.v, torch.tensor([0, 2, 8]))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: jagflash.attention(q, k, v), backend="aot_eager", fullgraph=True)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"kv_offsets\[1\].*got -1"):
+        compiled(q, k, v)
+    torch._dynamo.reset()
