@@ -1,20 +1,33 @@
 #!/usr/bin/env python3
-"""jagflash side by side with PyTorch's own kernels (FA2 varlen through aten, varlen_attn,
-FlexAttention with a document mask) on the five distributions of shared/bench/distributions.md,
-causal and not, D = 128 and 64; one process, the same inputs for all.
+"""jagflash side by side with FlashAttention-3 (FA3 varlen, when flash_attn_interface imports)
+and PyTorch's own kernels (FA2 varlen through aten, varlen_attn, FlexAttention with a document
+mask) on the five distributions of shared/bench/distributions.md, causal and not, D = 128 and 64;
+forward and backward, and a training step (forward + backward of jagged_attention, gemskew,
+D = 128) against FA3 and FA2; one process, the same inputs for all.
 
-Writes compare.json (every number), compare.md (a section for bench/RESULTS.md) and a PNG chart
-into --out (default $OUT, else bench/out), and prints the table last.
+Writes compare.json (every number), compare.md (a section for bench/RESULTS.md: the tables and
+the bars of issues 4, 13 and 14) and a PNG chart into --out (default $OUT, else bench/out), and
+prints the backward's short table (TFLOP/s, jagflash / FA2 and / FA3, the bars) last.
 
-    python bench/compare.py                              # on the GPU machine
+    python bench/compare.py                              # on the GPU machine: everything
+    python bench/compare.py --bwd-only                   # the backward bars only (jagflash, FA2, FA3)
+    python bench/compare.py --bwd-only --dists short gemskew --head-dims 128 --masks causal
     python bench/compare.py --from DIR --update-results  # here: append DIR's section to RESULTS.md
     python bench/compare.py --device cpu --scale 32 --max-batch 8   # a smoke run without a GPU
 
-Runs are kept short (few timed runs, each measurement capped by --budget-s) because jagflash's
-default GPU path may still be the fp32 oracle, which takes up to ~2 s a call on the big batches.
+FA3 is a benchmark peer only: put its prebuilt copy (shared/peers/fa3, carried as .fa3/) on
+PYTHONPATH, as scripts/gpu-python.sh does; without it the run skips FA3 and says so.
+
+Every measurement is the same: each implementation warmed up, then up to --iters rounds in which
+each one takes a sample in turn (the order reversed every other round), a sample being several
+calls queued back to back between two CUDA events (--fwd-calls for forwards, --bwd-calls for
+backwards and training steps); the median sample, per call. A measurement stops once an
+implementation's samples add up to --budget-s, so the fp32 oracle (seconds a call on the big
+batches) costs a few seconds, not minutes.
 """
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -35,15 +48,31 @@ import report  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 MISMATCH_TOL = 5e-2  # bf16 inputs, fp32 vs bf16 P: a few 1e-3 is normal; this flags a real bug
+# Useful FLOPs per direction, in units of the forward's 4 * H * D * visible pairs: the backward
+# does 2.5 times the forward's work (five GEMMs to the forward's two), a training step both.
+BWD_FLOPS = 2.5
+STEP_FLOPS = 1.0 + BWD_FLOPS
+PARTS = ("fwd", "bwd", "step")
+# Issue 14's training step: forward + backward of jagged_attention on this (distribution, head dim).
+STEP_CASE = ("gemskew", 128)
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "out")), help="output folder")
     p.add_argument("--dists", nargs="+", default=list(jagflash.DISTRIBUTIONS), choices=jagflash.DISTRIBUTIONS)
     p.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
     p.add_argument("--masks", nargs="+", default=["none", "causal"], choices=["none", "causal"])
-    p.add_argument("--impls", nargs="+", default=list(peers.IMPLEMENTATIONS), choices=peers.IMPLEMENTATIONS)
+    p.add_argument("--impls", nargs="+", default=None, choices=peers.IMPLEMENTATIONS,
+                   help="default: all (with --bwd-only: %s)" % ", ".join(peers.BAR_IMPLEMENTATIONS))
+    parts = p.add_mutually_exclusive_group()
+    parts.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                       help="what to time: fwd and bwd per case, step = the training step (%s, D = %d); "
+                            "a case without fwd still runs its forward once, untimed, for the backward"
+                            % STEP_CASE)
+    parts.add_argument("--bwd-only", action="store_true",
+                       help="--parts bwd step, and by default only the implementations the backward "
+                            "bars compare: a short device call")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--seed", type=int, default=jagflash.DEFAULT_SEED)
@@ -54,15 +83,27 @@ def parse_args():
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--fwd-calls", type=int, default=4,
                    help="forward calls queued back to back per timed sample (1: one call between two events)")
-    p.add_argument("--budget-s", type=float, default=1.0, help="stop timing a measurement after this long")
-    p.add_argument("--fwd-order", default="interleaved", choices=["interleaved", "sequential"],
-                   help="forward samples of the implementations taken in turns (default), or one "
-                        "implementation's samples after another's")
+    # A backward is 2.5 forwards of work, so two queued calls hide the host's per-call work
+    # (autograd, launches) about as well as the forward's four.
+    p.add_argument("--bwd-calls", type=int, default=2,
+                   help="backward calls (and training steps) queued back to back per timed sample")
+    p.add_argument("--budget-s", type=float, default=1.0,
+                   help="stop sampling an implementation once its samples add up to this long")
+    p.add_argument("--order", "--fwd-order", dest="order", default="interleaved",
+                   choices=["interleaved", "sequential"],
+                   help="samples of the implementations taken in turns (default), or one "
+                        "implementation's samples after another's (forward, backward and steps alike)")
     p.add_argument("--no-compile-flex", action="store_true", help="eager FlexAttention (CPU smoke runs)")
     p.add_argument("--commit", default=None, help="commit measured (default: $JAGFLASH_COMMIT, else git)")
     p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/compare.json; run nothing")
     p.add_argument("--update-results", action="store_true", help="append the section to bench/RESULTS.md")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if args.bwd_only:
+        args.parts = ["bwd", "step"]
+    if args.impls is None:
+        args.impls = list(peers.BAR_IMPLEMENTATIONS if args.bwd_only else peers.IMPLEMENTATIONS)
+    args.parts = [part for part in PARTS if part in args.parts]  # in a fixed order, once each
+    return args
 
 
 def commit_of_checkout():
@@ -103,10 +144,15 @@ def environment(args, device):
         "seed": args.seed,
         "scale_note": "" if args.scale == 1 and not args.max_batch else
         f"; lengths / {args.scale}, first {args.max_batch or 'all'} sequences",
+        "impls": list(args.impls),
+        "parts": list(args.parts),
+        "skipped": {},
         "iters": args.iters,
+        "warmup": args.warmup,
         "budget_s": args.budget_s,
         "fwd_calls": args.fwd_calls,
-        "fwd_order": args.fwd_order,
+        "bwd_calls": args.bwd_calls,
+        "order": args.order,
         "timer": "CUDA events" if device.type == "cuda" else "wall clock",
         "mismatch_tol": MISMATCH_TOL,
     }
@@ -137,8 +183,9 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     bench/NOTES.md, session 10); in turns both see the same conditions. A function that raises
     gets {name: exception} and leaves the rotation. A function's warm-up stops early once one
     sample alone would eat the budget (the fp32 oracle takes seconds a call on big batches).
-    Rounds stop at `iters`, or once the samples taken add up to budget_s per function (at least
-    one round)."""
+    Rounds stop at `iters`; a function whose samples add up to budget_s takes no more of them
+    (at least one), and the others go on in turns, so one slow function (the oracle) neither
+    eats the others' samples nor holds the run for minutes."""
     results, live = {}, dict(fns)
     times = {name: [] for name in fns}
     for name, fn in list(live.items()):
@@ -150,11 +197,9 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
         except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
             results[name] = e
             del live[name]
-    spent_ms, last = 0.0, {}
+    spent_ms, last, sampling = dict.fromkeys(live, 0.0), {}, list(live)
     for r in range(iters):
-        if r > 0 and spent_ms >= budget_s * 1e3 * max(len(live), 1):
-            break
-        for name in list(live) if r % 2 == 0 else list(reversed(live)):
+        for name in sampling if r % 2 == 0 else list(reversed(sampling)):
             try:
                 ms, last[name] = _sample(live[name], device, calls)
             except Exception as e:  # noqa: BLE001
@@ -162,7 +207,10 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
                 del live[name]
                 continue
             times[name].append(ms)
-            spent_ms += ms * calls
+            spent_ms[name] += ms * calls
+        sampling = [name for name in sampling if name in live and spent_ms[name] < budget_s * 1e3]
+        if not sampling:
+            break
     for name in live:
         results[name] = (statistics.median(times[name]), last[name])
     return results
@@ -197,36 +245,75 @@ def _error_text(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def time_forwards(impl_names, inputs, device, args):
-    """{name: (implementation, (fwd ms, out)) or exception} for one case: every implementation
-    built, then its forward timed (in turns with the others unless --fwd-order sequential)."""
-    impls, timed = {}, {}
+def measure_all(fns, device, args, calls):
+    """measure_interleaved() of all fns together, or (--order sequential) of one after another."""
+    groups = [fns] if args.order == "interleaved" else [{name: fn} for name, fn in fns.items()]
+    timed = {}
+    for group in groups:
+        timed.update(measure_interleaved(group, device, args.warmup, args.iters, args.budget_s, calls))
+    return timed
+
+
+def make_all(impl_names, inputs, args):
+    """({name: implementation}, {name: exception}) for the implementations that could be built
+    and those that could not."""
+    impls, failed = {}, {}
     for name in impl_names:
         try:
             impls[name] = peers.make(name, inputs, compile_flex=not args.no_compile_flex)
         except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
-            timed[name] = e
-    groups = [impls] if args.fwd_order == "interleaved" else [{n: i} for n, i in impls.items()]
-    fwd = {}
-    for group in groups:
-        fwd.update(measure_interleaved({n: i.forward for n, i in group.items()}, device, args.warmup, args.iters,
-                                       args.budget_s, calls=args.fwd_calls))
-    for n, i in impls.items():
-        timed[n] = fwd[n] if isinstance(fwd[n], Exception) else (i, fwd[n])
-    return {n: timed[n] for n in impl_names}
+            failed[name] = e
+    return impls, failed
 
 
-def run_case(impl_name, timed, flops, device, args, reference):
-    """One implementation on one case, its forward already timed (time_forwards): its row, and
-    its (out, grads) for comparison."""
+def time_case(impl_names, inputs, device, args):
+    """{name: {impl, out, fwd_ms, grads, bwd_ms} or exception} for one case: every implementation
+    built; its forward timed (without "fwd" in --parts: called once, untimed, fwd_ms None); then
+    its backward through that forward's output timed the same way (without "bwd": grads () and
+    bwd_ms None). Each direction's samples of all implementations are taken in turns (--order)."""
+    impls, timed = make_all(impl_names, inputs, args)
+    if "fwd" in args.parts:
+        forwards = measure_all({n: i.forward for n, i in impls.items()}, device, args, args.fwd_calls)
+    else:
+        forwards = {}
+        for name, impl in impls.items():
+            try:
+                forwards[name] = (None, impl.forward())
+            except Exception as e:  # noqa: BLE001
+                forwards[name] = e
+    live = {}
+    for name, impl in impls.items():
+        if isinstance(forwards[name], Exception):
+            timed[name] = forwards[name]
+        else:
+            fwd_ms, out = forwards[name]
+            live[name] = {"impl": impl, "out": out, "fwd_ms": fwd_ms, "grads": (), "bwd_ms": None}
+    if "bwd" in args.parts:
+        backwards = measure_all({n: functools.partial(t["impl"].backward, t["out"]) for n, t in live.items()},
+                                device, args, args.bwd_calls)
+        for name, result in backwards.items():
+            if isinstance(result, Exception):
+                timed[name] = result
+                del live[name]
+            else:
+                live[name]["bwd_ms"], live[name]["grads"] = result
+    timed.update(live)
+    return {name: timed[name] for name in impl_names}
+
+
+def case_row(impl_name, timed, flops, reference):
+    """One implementation's row on one case (time_case's entry for it), and its (out, *grads)
+    for comparison with the reference (jagflash's)."""
     row = {"impl": impl_name}
     try:
         if isinstance(timed, Exception):
             raise timed
-        impl, (fwd_ms, out) = timed
-        bwd_ms, grads = measure(lambda: impl.backward(out), device, args.warmup, args.iters, args.budget_s)
-        out, grads = impl.unpad(out, grads)
-        row.update(fwd_ms=fwd_ms, bwd_ms=bwd_ms, fwd_tflops=flops / fwd_ms / 1e9, bwd_tflops=2.5 * flops / bwd_ms / 1e9)
+        out, grads = timed["impl"].unpad(timed["out"], timed["grads"])
+        for direction, factor in (("fwd", 1.0), ("bwd", BWD_FLOPS)):
+            ms = timed[f"{direction}_ms"]
+            if ms is not None:
+                row[f"{direction}_ms"] = ms
+                row[f"{direction}_tflops"] = factor * flops / ms / 1e9
         result = (out.detach(), *grads)
         if reference is not None:
             row["max_err"] = max(normalised_error(a, b) for a, b in zip(result, reference))
@@ -237,19 +324,54 @@ def run_case(impl_name, timed, flops, device, args, reference):
         return row, None
 
 
-def save(out_dir, meta, rows):
+def time_steps(impl_names, inputs, device, args):
+    """{name: step ms or exception}: a training step (forward, then backward through it) of each
+    implementation, timed like a backward (--bwd-calls queued steps per sample, in turns)."""
+    impls, timed = make_all(impl_names, inputs, args)
+    for name, result in measure_all({n: i.step for n, i in impls.items()}, device, args, args.bwd_calls).items():
+        timed[name] = result if isinstance(result, Exception) else result[0]
+    return {name: timed[name] for name in impl_names}
+
+
+def step_row(impl_name, timed, flops):
+    row = {"impl": impl_name}
+    if isinstance(timed, Exception):
+        row["error"] = _error_text(timed)
+    else:
+        row.update(step_ms=timed, step_tflops=STEP_FLOPS * flops / timed / 1e9)
+    return row
+
+
+def save(out_dir, meta, rows, steps):
     """Rewritten after every measurement, so a run cut short still leaves what it measured."""
-    (out_dir / "compare.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out_dir / "compare.json").write_text(json.dumps({"meta": meta, "rows": rows, "steps": steps}, indent=1))
+
+
+def skip_unavailable(args, meta):
+    """Drops FA3 from the run when flash_attn_interface does not import, noting why in meta."""
+    if "FA3 varlen" not in args.impls:
+        return
+    reason = peers.fa3_import_error()
+    if reason is None:
+        return
+    args.impls = [name for name in args.impls if name != "FA3 varlen"]
+    meta["impls"] = list(args.impls)
+    meta["skipped"]["FA3 varlen"] = (f"flash_attn_interface does not import ({reason}); put FA3's prebuilt "
+                                     "copy on PYTHONPATH (scripts/gpu-python.sh does, from .fa3/)")
+    print(f"compare.py: FA3 varlen skipped: {meta['skipped']['FA3 varlen']}", flush=True)
 
 
 def run(args, out_dir):
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     meta = environment(args, device)
+    skip_unavailable(args, meta)
     all_lengths = {name: batch_lengths(name, args) for name in args.dists}
     # FlexAttention's common padded length: the longest batch, rounded up to its block.
     flex_length = -(-max(sum(v) for v in all_lengths.values()) // 128) * 128
-    rows = []
+    case_parts = "fwd" in args.parts or "bwd" in args.parts
+    step_impls = [name for name in args.impls if name in peers.BAR_IMPLEMENTATIONS]
+    rows, steps = [], []
     # Drawn on the device: a CPU draw of the big batches (hundreds of millions of values) would
     # take longer than the measurements.
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -257,42 +379,61 @@ def run(args, out_dir):
         total = sum(lengths)
         offsets = peers.offsets_of(lengths, device)
         for head_dim in args.head_dims:
+            with_step = "step" in args.parts and (dist, head_dim) == STEP_CASE and bool(step_impls)
+            if not case_parts and not with_step:
+                continue
+
             def rnd():
                 return torch.randn((total, args.heads, head_dim), generator=generator, device=device).to(dtype)
 
             q, k, v, dout = rnd(), rnd(), rnd(), rnd()
+
+            def inputs_for(causal):
+                return peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
+                                    causal, flex_length)
+
             for mask in args.masks:
                 causal = mask == "causal"
                 pairs = sum(jagflash.visible_pairs(n, n, causal=causal) for n in lengths)
                 flops = 4.0 * args.heads * head_dim * pairs
-                inputs = peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
-                                      causal, flex_length)
-                reference = None
-                t0 = time.time()
-                forwards = time_forwards(args.impls, inputs, device, args)
-                for impl_name in args.impls:
-                    row, result = run_case(impl_name, forwards[impl_name], flops, device, args, reference)
-                    if impl_name == "jagflash" and result is not None:
-                        reference = result
-                    row.update(dist=dist, mask=mask, head_dim=head_dim, batch=len(lengths), total=total)
-                    rows.append(row)
-                    save(out_dir, meta, rows)
-                    print(_progress(row, time.time() - t0), flush=True)
+                where = {"dist": dist, "mask": mask, "head_dim": head_dim, "batch": len(lengths), "total": total}
+                if case_parts:
                     t0 = time.time()
-                del inputs, reference, forwards
+                    timed = time_case(args.impls, inputs_for(causal), device, args)
+                    reference = None
+                    for impl_name in args.impls:
+                        row, result = case_row(impl_name, timed[impl_name], flops, reference)
+                        if impl_name == "jagflash" and result is not None:
+                            reference = result
+                        rows.append({**row, **where})
+                        save(out_dir, meta, rows, steps)
+                        print(_progress(rows[-1], time.time() - t0), flush=True)
+                        t0 = time.time()
+                    del timed, reference
+                if with_step:
+                    t0 = time.time()
+                    timed = time_steps(step_impls, inputs_for(causal), device, args)
+                    for impl_name in step_impls:
+                        steps.append({**step_row(impl_name, timed[impl_name], flops), **where})
+                        save(out_dir, meta, rows, steps)
+                        print(_progress(steps[-1], time.time() - t0), flush=True)
+                        t0 = time.time()
+                    del timed
             del q, k, v, dout
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    return meta, rows
+    return meta, rows, steps
 
 
 def _progress(row, seconds):
     what = f"{row['dist']:>9} {row['mask']:>6} D{row['head_dim']:<3} {row['impl']:<13}"
     if row.get("error"):
         return f"{what} ERROR {row['error']}"
+    parts = [f"{name} {row[f'{key}_ms']:9.3f} ms {row[f'{key}_tflops']:7.3g} TFLOP/s"
+             for key, name in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "training step"))
+             if row.get(f"{key}_ms") is not None]
     err = f"  err {row['max_err']:.2g}" if row.get("max_err") is not None else ""
-    return (f"{what} fwd {row['fwd_ms']:9.3f} ms {row['fwd_tflops']:7.3g} TFLOP/s   "
-            f"bwd {row['bwd_ms']:9.3f} ms {row['bwd_tflops']:7.3g} TFLOP/s{err}   ({seconds:.0f} s)")
+    return f"{what} {'   '.join(parts)}{err}   ({seconds:.0f} s)"
 
 
 def main():
@@ -301,32 +442,40 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.from_dir:
         saved = json.loads((Path(args.from_dir) / "compare.json").read_text())
-        meta, rows = saved["meta"], saved["rows"]
+        meta, rows, steps = saved["meta"], saved["rows"], saved.get("steps", [])
         if args.commit:
             meta["commit"] = args.commit
     else:
         t0 = time.time()
-        meta, rows = run(args, out_dir)
+        meta, rows, steps = run(args, out_dir)
         meta["seconds"] = round(time.time() - t0, 1)
-        save(out_dir, meta, rows)
+        save(out_dir, meta, rows, steps)
     png_name = f"compare-{meta['date']}-{meta['commit'].replace('+', '-')}.png"
     try:
-        report.chart(meta, rows, out_dir / png_name)
+        if rows:
+            report.chart(meta, rows, out_dir / png_name)
     except ImportError as e:  # the table and the numbers matter more than the picture
         print(f"compare.py: no chart ({e}); render it later with --from {out_dir}")
-    section = report.markdown(meta, rows, png_name)
+    section = report.markdown(meta, rows, png_name, steps)
     (out_dir / "compare.md").write_text(section)
     if args.update_results:
         png = report.append_results(section, out_dir / png_name, HERE)
         print(f"appended to {HERE / 'RESULTS.md'}; chart {png}")
     if not args.from_dir:
         print(f"compare.py: {meta['seconds']} s")
-    print(report.table(rows))
+    if rows:
+        print(report.table(rows))
+    for impl, reason in meta.get("skipped", {}).items():
+        print(f"compare.py: {impl} skipped: {reason}")
+    print("compare.py: backward and training step, TFLOP/s; jagflash / FA2 varlen and / FA3 varlen; "
+          "the bars of issues 13 and 14")
+    print(report.short_table(rows, steps))
     # A peer that cannot run is recorded and tolerated; jagflash failing, or any implementation
     # disagreeing with jagflash, fails the run.
-    failed = [r for r in rows if (r["impl"] == "jagflash" and r.get("error")) or r.get("mismatch")]
-    for r in failed:
-        print(f"FAILED: {r['impl']} on {r['dist']}/{r['mask']}/D{r['head_dim']}: "
+    failed = [(r, "") for r in rows if (r["impl"] == "jagflash" and r.get("error")) or r.get("mismatch")]
+    failed += [(r, ", training step") for r in steps if r["impl"] == "jagflash" and r.get("error")]
+    for r, what in failed:
+        print(f"FAILED: {r['impl']} on {r['dist']}/{r['mask']}/D{r['head_dim']}{what}: "
               f"{r.get('error') or 'differs from jagflash by %.3g' % r['max_err']}")
     return 1 if failed else 0
 

@@ -2,11 +2,16 @@
 
     impl = make(name, inputs)          # may raise: the caller records why it could not run
     out = impl.forward()               # [T, H, D], differentiable in inputs.q/k/v (or padded copies)
-    dq, dk, dv = impl.backward(out)    # gradients for inputs.dout, [T, ...] like q/k/v
+    dq, dk, dv = impl.backward(out)    # gradients for inputs.dout, [T, ...] like q/k/v; out's graph kept
+    out, (dq, dk, dv) = impl.step()    # a training step: forward, then backward through it once
 
 All of them see the same q, k, v, dout and offsets (inputs). FlexAttention runs on copies padded to
 one common length, so that it compiles once per (head dim, mask) instead of once per batch; its
 block mask lists no block of the padding, so the padding costs it (almost) nothing.
+
+FlashAttention-3 ("FA3 varlen") is a benchmark peer only, never a dependency: it runs when
+`flash_attn_interface` imports (the prebuilt copy of shared/peers/fa3, carried to the GPU machine as
+.fa3/ and put on PYTHONPATH by scripts/gpu-python.sh); fa3_import_error() says why not otherwise.
 """
 import itertools
 from dataclasses import dataclass
@@ -15,8 +20,10 @@ import torch
 
 import jagflash
 
-PEERS = ("FA2 varlen", "varlen_attn", "FlexAttention")
+PEERS = ("FA2 varlen", "FA3 varlen", "varlen_attn", "FlexAttention")
 IMPLEMENTATIONS = ("jagflash",) + PEERS
+# What the backward bars of issues 13 and 14 compare (and the training step runs).
+BAR_IMPLEMENTATIONS = ("jagflash", "FA2 varlen", "FA3 varlen")
 _FLEX_BLOCK = 128
 
 
@@ -62,12 +69,19 @@ class _Implementation:
         """out and gradients as [T, H, D] tensors (only FlexAttention has something to undo)."""
         return out, grads
 
+    def step(self):
+        """One training step's attention: the forward, then the backward through it once (its
+        graph freed, as in training)."""
+        out = self.forward()
+        return out, self.backward(out, retain_graph=False)
+
 
 class _Autograd(_Implementation):
-    """backward() through torch.autograd, keeping the forward graph for the next repetition."""
+    """backward() through torch.autograd; by default the forward graph is kept for the next
+    repetition."""
 
-    def backward(self, out):
-        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=True)
+    def backward(self, out, retain_graph=True):
+        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=retain_graph)
 
 
 class Jagflash(_Autograd):
@@ -96,12 +110,44 @@ class FlashAttention2(_Implementation):
         )
         return out
 
-    def backward(self, out):
+    def backward(self, out, retain_graph=True):  # no autograd graph to keep: aten takes forward()'s lse
         x = self.x
         return torch.ops.aten._flash_attention_backward(
             x.dout, x.q.detach(), x.k.detach(), x.v.detach(), out, self.lse, x.offsets, x.offsets, x.max_len,
             x.max_len, 0.0, x.causal, self.rng_state, self.unused,
         )
+
+
+def fa3_import_error():
+    """None when FlashAttention-3's flash_attn_interface imports, else why not (one line)."""
+    try:
+        import flash_attn_interface  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a missing module, or a build that does not load here
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    return None
+
+
+class FlashAttention3(_Autograd):
+    """flash_attn_interface.flash_attn_varlen_func (FA3's varlen path; autograd for the backward)."""
+
+    # What the prebuilt copy holds (shared/peers/fa3/README.md): bf16, head dims up to 128
+    # (65-128 on the 128 kernels), no sliding window, sm_90a.
+    MAX_HEAD_DIM = 128
+
+    def __init__(self, x):
+        import flash_attn_interface
+
+        if not x.q.is_cuda:
+            raise RuntimeError("needs CUDA")
+        if x.q.dtype != torch.bfloat16 or x.q.shape[-1] > self.MAX_HEAD_DIM:
+            raise RuntimeError(f"the FA3 build carried has bf16 and D <= {self.MAX_HEAD_DIM} only")
+        self.x, self.leaves, self.dout = x, (x.q, x.k, x.v), x.dout
+        self.fn = flash_attn_interface.flash_attn_varlen_func
+
+    def forward(self):
+        x = self.x
+        out = self.fn(x.q, x.k, x.v, x.offsets, x.offsets, x.max_len, x.max_len, causal=x.causal)
+        return out[0] if isinstance(out, tuple) else out  # some FA3 versions return (out, lse)
 
 
 class VarlenAttn(_Autograd):
@@ -226,6 +272,8 @@ def make(name, inputs, compile_flex=True):
         return Jagflash(inputs)
     if name == "FA2 varlen":
         return FlashAttention2(inputs)
+    if name == "FA3 varlen":
+        return FlashAttention3(inputs)
     if name == "varlen_attn":
         return VarlenAttn(inputs)
     if name == "FlexAttention":

@@ -1,10 +1,12 @@
-"""compare.py's outputs: the markdown section (for bench/RESULTS.md) and the PNG chart."""
+"""compare.py's outputs: the markdown section (for bench/RESULTS.md), the short table it prints
+last, and the PNG chart."""
 from collections import defaultdict
 from pathlib import Path
 
 from peers import IMPLEMENTATIONS, PEERS
 
-COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "varlen_attn": "#9ecae1", "FlexAttention": "#2ca02c"}
+COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "FA3 varlen": "#ff7f0e", "varlen_attn": "#9ecae1",
+           "FlexAttention": "#2ca02c"}
 
 
 # Issue 4's forward bar, jagflash / FA2 varlen in the same run: FA3's ratio over FA2 from
@@ -41,6 +43,152 @@ def bar_table(rows):
     return "\n".join(lines) + f"\n\nBar met on {met} of {total} cases in this run.\n"
 
 
+# Issue 13's backward bar: jagflash's backward TFLOP/s above FA2 varlen's on each of the 20 cases
+# (five distributions x two masks x D = 128 / 64).
+BWD_CASES = 20
+# Issue 14's backward bars, jagflash / FA3 varlen in the same run: >= 1.2 on each D = 128 case,
+# >= 1.5 on short (both masks) at D = 128, >= 1.0 on each D = 64 case.
+FA3_BWD_BARS = ((128, None, 1.2), (128, "short", 1.5), (64, None, 1.0))  # (head dim, dist or all, bar)
+# ... and a training step (forward + backward, gemskew, D = 128, both masks) >= 1.15x FA3's.
+FA3_STEP_BAR = 1.15
+
+
+def fa3_backward_bar(dist, head_dim):
+    """The strictest of issue 14's backward bars for a case (None: the case has none)."""
+    bars = [bar for d, only, bar in FA3_BWD_BARS if d == head_dim and only in (None, dist)]
+    return max(bars, default=None)
+
+
+def _ratio(mine, theirs):
+    """(text with both figures, ratio or None): '412.0 / 258.0 = 1.60', or '—' when one is missing."""
+    if not mine or not theirs:
+        return "—", None
+    return f"{mine:.1f} / {theirs:.1f} = {mine / theirs:.2f}", mine / theirs
+
+
+def _verdict(ratio, bar, strict=False):
+    if ratio is None:
+        return "—"
+    met = ratio > bar if strict else ratio >= bar
+    return "**yes**" if met else f"no ({(ratio / bar - 1) * 100:+.0f}%)"
+
+
+def backward_ratios(rows):
+    """{(dist, mask, head_dim): (jagflash bwd, FA2 bwd, FA3 bwd)} TFLOP/s (None where missing),
+    for the cases whose jagflash backward was timed."""
+    out = {}
+    for key, impls in _by_case(rows).items():
+        mine = _tflops(impls.get("jagflash"), "bwd")
+        if mine is not None:
+            out[key] = (mine, _tflops(impls.get("FA2 varlen"), "bwd"), _tflops(impls.get("FA3 varlen"), "bwd"))
+    return out
+
+
+def _steps_by_mask(steps):
+    """{mask: {impl: step row}} of the training steps, in the order run."""
+    by_mask = defaultdict(dict)
+    for row in steps:
+        by_mask[row["mask"]][row["impl"]] = row
+    return dict(by_mask)
+
+
+def _step_tflops(impls, name):
+    return _tflops(impls.get(name), "step")
+
+
+def bar_counts(rows, steps):
+    """[(bar, met, measured)] for issue 13's bar and each of issue 14's, in this run."""
+    ratios = backward_ratios(rows)
+    fa2 = [mine / theirs for mine, theirs, _ in ratios.values() if theirs]
+    counts = [(f"issue 13: jagflash bwd > FA2 varlen bwd (all {BWD_CASES} cases)", sum(r > 1.0 for r in fa2),
+               len(fa2))]
+    for head_dim, only, bar in FA3_BWD_BARS:
+        fa3 = [mine / theirs for (dist, _, d), (mine, _, theirs) in ratios.items()
+               if theirs and d == head_dim and only in (None, dist)]
+        what = f"{only}, D = {head_dim}" if only else f"every D = {head_dim} case"
+        counts.append((f"issue 14: jagflash / FA3 varlen bwd >= {bar} ({what})", sum(r >= bar for r in fa3), len(fa3)))
+    step = [_ratio(_step_tflops(impls, "jagflash"), _step_tflops(impls, "FA3 varlen"))[1]
+            for impls in _steps_by_mask(steps).values()]
+    step = [r for r in step if r is not None]
+    counts.append((f"issue 14: training step jagflash / FA3 varlen >= {FA3_STEP_BAR}",
+                   sum(r >= FA3_STEP_BAR for r in step), len(step)))
+    return counts
+
+
+def backward_bar_table(rows):
+    """Per case with jagflash's backward timed: its backward TFLOP/s over FA2 varlen's (issue 13:
+    above 1) and over FA3 varlen's (issue 14's bar for the case), both figures each; None when
+    no case has jagflash's backward."""
+    ratios = backward_ratios(rows)
+    if not ratios:
+        return None
+    lines = ["| case | jagflash / FA2 varlen | > 1? | jagflash / FA3 varlen | bar | met? |",
+             "|---|---|---|---|---|---|"]
+    for (dist, mask, head_dim), (mine, fa2, fa3) in ratios.items():
+        fa2_text, fa2_ratio = _ratio(mine, fa2)
+        fa3_text, fa3_ratio = _ratio(mine, fa3)
+        bar = fa3_backward_bar(dist, head_dim)
+        lines.append(f"| {dist} {mask}, D = {head_dim} | {fa2_text} | {_verdict(fa2_ratio, 1.0, strict=True)} | "
+                     f"{fa3_text} | {'—' if bar is None else f'{bar:.2f}'} | "
+                     f"{'—' if bar is None else _verdict(fa3_ratio, bar)} |")
+    return "\n".join(lines) + "\n"
+
+
+def step_table(steps):
+    """The training steps: each implementation's step ms and TFLOP/s (3.5x the forward's FLOPs),
+    jagflash / FA2 and / FA3 with both figures, and issue 14's bar (None without steps)."""
+    if not steps:
+        return None
+    lines = ["| training step | jagflash | FA2 varlen | FA3 varlen | jagflash / FA2 | jagflash / FA3 | bar | met? |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mask, impls in _steps_by_mask(steps).items():
+        first = next(iter(impls.values()))
+        cells = []
+        for name in ("jagflash", "FA2 varlen", "FA3 varlen"):
+            row = impls.get(name)
+            if row is None:
+                cells.append("—")
+            elif row.get("error"):
+                cells.append("error¹")
+            else:
+                cells.append(f"{row['step_ms']:.3f} ms, {row['step_tflops']:.1f}")
+        mine = _step_tflops(impls, "jagflash")
+        fa2_text, _ = _ratio(mine, _step_tflops(impls, "FA2 varlen"))
+        fa3_text, fa3_ratio = _ratio(mine, _step_tflops(impls, "FA3 varlen"))
+        lines.append(f"| {first['dist']} {mask}, D = {first['head_dim']} | {' | '.join(cells)} | {fa2_text} | "
+                     f"{fa3_text} | {FA3_STEP_BAR:.2f} | {_verdict(fa3_ratio, FA3_STEP_BAR)} |")
+    return "\n".join(lines) + "\n"
+
+
+def short_table(rows, steps):
+    """What compare.py prints last: per case, the backward TFLOP/s of jagflash, FA2 and FA3, the
+    two ratios and whether issue 13's and 14's bars are met; the training steps; the counts."""
+    def number(value, digits=1):
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    def ratio(mine, theirs):
+        return mine / theirs if mine and theirs else None
+
+    lines = ["| case | jagflash | FA2 | FA3 | /FA2 | /FA3 | bars 13 / 14 |", "|---|---|---|---|---|---|---|"]
+    for (dist, mask, head_dim), (mine, fa2, fa3) in backward_ratios(rows).items():
+        to_fa2, to_fa3, bar = ratio(mine, fa2), ratio(mine, fa3), fa3_backward_bar(dist, head_dim)
+        met13 = "—" if to_fa2 is None else ("yes" if to_fa2 > 1.0 else "no")
+        met14 = "—" if to_fa3 is None or bar is None else ("yes" if to_fa3 >= bar else "no")
+        lines.append(f"| bwd {dist} {mask} D{head_dim} | {number(mine)} | {number(fa2)} | {number(fa3)} | "
+                     f"{number(to_fa2, 2)} | {number(to_fa3, 2)} | {met13} / {met14} |")
+    for mask, impls in _steps_by_mask(steps).items():
+        mine, fa2, fa3 = (_step_tflops(impls, name) for name in ("jagflash", "FA2 varlen", "FA3 varlen"))
+        to_fa3 = ratio(mine, fa3)
+        met14 = "—" if to_fa3 is None else ("yes" if to_fa3 >= FA3_STEP_BAR else "no")
+        first = next(iter(impls.values()))
+        lines.append(f"| step {first['dist']} {mask} D{first['head_dim']} | {number(mine)} | {number(fa2)} | "
+                     f"{number(fa3)} | {number(ratio(mine, fa2), 2)} | {number(to_fa3, 2)} | — / {met14} |")
+    lines.append("Bars met in this run (cases met of cases measured):")
+    lines += [f"- {what}: " + (f"{met} of {measured}" if measured else "not measured")
+              for what, met, measured in bar_counts(rows, steps)]
+    return "\n".join(lines)
+
+
 def _by_case(rows):
     """{(dist, mask, head_dim): {impl: row}}, ordered like distributions.md's tables: by head dim
     (largest first), mask (none first), then distribution in the order measured."""
@@ -64,9 +212,9 @@ def _cell(row):
         return "—"
     if row.get("error"):
         return "error¹"
-    fwd, bwd = _tflops(row, "fwd"), _tflops(row, "bwd")
+    fwd, bwd = (_tflops(row, direction) for direction in ("fwd", "bwd"))
     mark = "²" if row.get("mismatch") else ""
-    return f"{fwd:.1f} / {bwd:.1f}{mark}"
+    return " / ".join("—" if t is None else f"{t:.1f}" for t in (fwd, bwd)) + mark
 
 
 def ratio_to_best_peer(impls, direction):
@@ -90,18 +238,32 @@ def table(rows):
     return "\n".join(lines)
 
 
-def _order_note(meta):
-    if meta.get("fwd_order") == "interleaved":
-        return ("; the implementations' forward runs taken in turns (one run each per round, the order "
-                "reversed every other round)")
-    return "; each implementation's forward runs after the previous one's"
+def _method_note(meta):
+    """How the runs were timed. Runs before 2026-12-01 (no bwd_calls in meta) timed only the
+    forward in turns, and one backward call per run, each implementation after the other."""
+    if "bwd_calls" not in meta:
+        turns = meta.get("fwd_order") == "interleaved"
+        return (f"a forward run is {meta.get('fwd_calls', 1)} call(s) queued back to back, per call) after "
+                f"warm-up, capped at {meta['budget_s']} s per measurement"
+                + ("; the implementations' forward runs taken in turns (one run each per round, the order "
+                   "reversed every other round)" if turns else "; each implementation's forward runs after the "
+                   "previous one's") + "; a backward run is one call, each implementation's after the previous one's")
+    order = ("the implementations' runs taken in turns (one run each per round, the order reversed every other "
+             "round), forward and backward alike" if meta.get("order") == "interleaved" else
+             "each implementation's runs after the previous one's")
+    return (f"a run is {meta['fwd_calls']} forward call(s) or {meta['bwd_calls']} backward call(s) or training "
+            f"step(s) queued back to back, per call) after {meta.get('warmup', 'a')} warm-up run(s), an "
+            f"implementation's runs capped at {meta['budget_s']} s per measurement; {order}")
 
 
-def markdown(meta, rows, png_name):
-    errors = sorted({(r["impl"], r["error"]) for r in rows if r.get("error")})
+def markdown(meta, rows, png_name, steps=()):
+    steps = list(steps)
+    errors = sorted({(r["impl"], r["error"]) for r in rows + steps if r.get("error")})
     mismatches = [r for r in rows if r.get("mismatch")]
+    skipped = meta.get("skipped", {})
+    parts = meta.get("parts", ["fwd", "bwd"])
     lines = [
-        f"## {meta['date']} — side by side with PyTorch's kernels (commit {meta['commit']})",
+        f"## {meta['date']} — side by side with FlashAttention and PyTorch's kernels (commit {meta['commit']})",
         "",
         f"Command: `{meta['command']}`. {meta['gpu']}; torch {meta['torch']} (CUDA {meta['cuda']}), "
         f"Triton {meta['triton']}, Python {meta['python']}, jagflash library {meta['jagflash']} "
@@ -109,23 +271,38 @@ def markdown(meta, rows, png_name):
         "",
         f"{meta['dtype']}, H = {meta['heads']}, self-attention on {', '.join(meta['dists'])} "
         f"(shared/bench/distributions.md, seed {meta['seed']}{meta['scale_note']}); TFLOP/s of useful work, forward / backward "
-        f"(forward 4·H·D·visible pairs, backward 2.5×), median of up to {meta['iters']} timed runs "
-        f"({meta['timer']}; a forward run is {meta.get('fwd_calls', 1)} call(s) queued back to back, "
-        f"per call) after warm-up, capped at {meta['budget_s']} s per measurement"
-        f"{_order_note(meta)}; all in one process on the same inputs. FlexAttention runs compiled, on copies padded to one common "
+        f"(forward 4·H·D·visible pairs, backward 2.5×, training step 3.5×), "
+        f"median of up to {meta['iters']} timed runs "
+        f"({meta['timer']}; {_method_note(meta)}; all in one process on the same inputs"
+        + ("" if "fwd" in parts else "; forwards not timed (each run once for its backward)")
+        + ". FlexAttention runs compiled, on copies padded to one common "
         "length (so it compiles once per head dim and mask) with a document block mask that lists "
-        "no padding block. Backward: jagflash, varlen_attn and FlexAttention through autograd, FA2 "
-        "through aten._flash_attention_backward.",
-        "",
-        table(rows),
-        "",
-        f"![jagflash and peers, TFLOP/s]({png_name})",
+        "no padding block. Backward: jagflash, FA3 (flash_attn_interface.flash_attn_varlen_func), varlen_attn "
+        "and FlexAttention through autograd, FA2 through aten._flash_attention_backward.",
     ]
+    if rows:
+        lines += ["", table(rows), "", f"![jagflash and peers, TFLOP/s]({png_name})"]
     bars = bar_table(rows)
     if bars:
         lines += ["", "Forward bar (issue 4: jagflash / FA2 against FA3 / FA2 of shared/bench/distributions.md; "
                   "1.5x that on short):", "", bars.rstrip("\n")]
+    bwd_bars = backward_bar_table(rows)
+    if bwd_bars:
+        lines += ["", "Backward bars, TFLOP/s in this run: issue 13, jagflash above FA2 varlen on all "
+                  f"{BWD_CASES} cases; issue 14, jagflash / FA3 varlen >= 1.2 at D = 128, >= 1.5 on short at "
+                  "D = 128, >= 1.0 at D = 64 (a bar counts when two runs meet it):", "", bwd_bars.rstrip("\n")]
+    steps_text = step_table(steps)
+    if steps_text:
+        lines += ["", "Training step (forward + backward of the attention, through autograd for jagflash and FA3, "
+                  f"aten for FA2; ms and TFLOP/s per step; issue 14's bar: jagflash >= {FA3_STEP_BAR}x FA3):", "",
+                  steps_text.rstrip("\n")]
+    if bwd_bars or steps_text:
+        lines += [""] + [f"- {what}: " + (f"met on {met} of {measured} cases measured" if measured else
+                                          "no case measured in this run")
+                         for what, met, measured in bar_counts(rows, steps)]
     notes = []
+    for impl, reason in skipped.items():
+        notes.append(f"{impl} not in this run: {reason}.")
     for impl, error in errors:
         notes.append(f"¹ {impl}: {error}")
     if mismatches:
@@ -148,17 +325,18 @@ def chart(meta, rows, path):
     import matplotlib.pyplot as plt
 
     cases = _by_case(rows)
+    impls = [name for name in IMPLEMENTATIONS if any(r["impl"] == name for r in rows)]  # those in the run
     head_dims = sorted({k[2] for k in cases}, reverse=True)
     fig, axes = plt.subplots(2, len(head_dims), figsize=(9 * len(head_dims), 9), squeeze=False)
-    width = 0.8 / len(IMPLEMENTATIONS)
+    width = 0.8 / len(impls)
     for col, head_dim in enumerate(head_dims):
         keys = [k for k in cases if k[2] == head_dim]
         labels = [f"{dist}\n{mask}" for dist, mask, _ in keys]
         for row_index, direction in enumerate(("fwd", "bwd")):
             ax = axes[row_index][col]
-            for i, impl in enumerate(IMPLEMENTATIONS):
+            for i, impl in enumerate(impls):
                 values = [_tflops(cases[k].get(impl), direction) or 0.0 for k in keys]
-                positions = [x + (i - (len(IMPLEMENTATIONS) - 1) / 2) * width for x in range(len(keys))]
+                positions = [x + (i - (len(impls) - 1) / 2) * width for x in range(len(keys))]
                 ax.bar(positions, values, width, label=impl, color=COLOURS[impl])
                 if impl == "jagflash":
                     # jagflash / best peer over each group: the number the issues' bars are about.
@@ -174,10 +352,10 @@ def chart(meta, rows, path):
             ax.grid(axis="y", alpha=0.3)
             ax.margins(y=0.15)  # room for the ratio labels
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(IMPLEMENTATIONS),
+    fig.legend(handles, labels, loc="lower center", ncol=len(impls),
                title="× over a jagflash bar: jagflash / best peer", title_fontsize=8)
-    fig.suptitle(f"jagflash vs PyTorch kernels — {meta['gpu']}, {meta['dtype']}, H = {meta['heads']}, "
-                 f"{meta['date']}, commit {meta['commit']}")
+    fig.suptitle(f"jagflash vs FlashAttention and PyTorch kernels — {meta['gpu']}, {meta['dtype']}, "
+                 f"H = {meta['heads']}, {meta['date']}, commit {meta['commit']}")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
