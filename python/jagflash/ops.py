@@ -11,7 +11,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import _launch
+from . import _capi, _launch
+from ._errors import UnsupportedError
 
 
 @torch.library.custom_op("jagflash::fwd", mutates_args=())
@@ -83,9 +84,42 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+_DOUBLE_BACKWARD_MESSAGE = (
+    "jagflash: double backward is not supported: the gradients of jagged_attention cannot be "
+    "differentiated again (torch.autograd.grad(..., create_graph=True) and then a backward through "
+    "its result, as a gradient penalty does)"
+)
+
+
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """dq, dk, dv as a backward under create_graph=True returns them, tied to what they depend on
+    (dout, q, k, v) by a node whose own backward raises. The C library's gradients are constants
+    to autograd: without this node a loss built on them (a gradient penalty) would train on a
+    gradient that silently lacks the attention's second-order term."""
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, *depends_on):
+        return dq, dk, dv
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise UnsupportedError(_DOUBLE_BACKWARD_MESSAGE, _capi.ERR_UNSUPPORTED)
+
+
+def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
+    """Only under create_graph=True (grad mode on inside a backward) is there anything to tie;
+    a plain backward returns the gradients as they are."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (dout, q, k, v)):
+        return _RefuseDoubleBackward.apply(dq, dk, dv, dout, q, k, v)
+    return dq, dk, dv
+
+
 def _backward(ctx, dout, _dlse):
     q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+    # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
+    with torch.no_grad():
+        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+    dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -109,7 +143,10 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
-        dq, dk, dv = _launch.backward(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+        # no_grad: under create_graph=True the copies _launch may make would be recorded for nothing.
+        with torch.no_grad():
+            dq, dk, dv = _launch.backward(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+        dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
