@@ -103,11 +103,12 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
 
 
-def _call(size_fn, run_fn, args, device, check_mode, max_seqlen):
+def _call(size_fn, run_fn, args, device, check_mode, max_seqlen, deterministic=False):
     """Workspace query, allocation on the device, then the call; returns the workspace."""
     lib = _lib.lib()
     args.launch.stream = _stream(device)
     args.launch.max_seqlen_hint = max_seqlen
+    args.launch.deterministic = int(deterministic)
     args.launch.offsets_check = _offsets_check.launch_value(check_mode, device)
     args.launch.backend = _capi.BACKEND_AUTO
     nbytes = ctypes.c_size_t(0)
@@ -145,8 +146,10 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
 
 
 def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
-             max_seqlen=0):
-    """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads."""
+             max_seqlen=0, deterministic=False):
+    """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads.
+    deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
+    always are)."""
     check_inputs(q, k, v, q_offsets, kv_offsets)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
@@ -173,6 +176,7 @@ def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, 
     )
     lib = _lib.lib()
     with _device_guard(q.device):
-        workspace = _call(lib.jagflash_bwd_workspace_size, lib.jagflash_bwd, args, q.device, check_mode, max_seqlen)
+        workspace = _call(lib.jagflash_bwd_workspace_size, lib.jagflash_bwd, args, q.device, check_mode, max_seqlen,
+                          deterministic)
     _offsets_check.remember("backward", check_mode, workspace)
     return dq, dk, dv

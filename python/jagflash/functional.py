@@ -44,6 +44,15 @@ def _scale(scale):
     return float(scale)
 
 
+def _deterministic(deterministic):
+    """None follows torch's switch (torch.use_deterministic_algorithms), like torch's own ops."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    if not isinstance(deterministic, bool):
+        raise invalid_argument("deterministic", "None, True or False", repr(deterministic))
+    return deterministic
+
+
 def _max_seqlen_hint(max_seqlen_q, max_seqlen_kv):
     """The C API's max_seqlen_hint: the larger bound when both are given, else 0 (unknown)."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
@@ -68,6 +77,7 @@ def jagged_attention(
     max_seqlen_q=None,
     max_seqlen_kv=None,
     check_offsets=None,
+    deterministic=None,
 ):
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
@@ -89,6 +99,9 @@ def jagged_attention(
     is not checked against the offsets.
     check_offsets: "auto" | "host" | "device", None for the module setting (see
     jagflash.set_check_offsets).
+    deterministic: True makes the backward's dq bitwise identical from run to run too (dk, dv
+    and the forward always are); None follows torch.are_deterministic_algorithms_enabled() when
+    the forward is called (in a compiled graph: when it is traced).
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     """
     hint = _max_seqlen_hint(max_seqlen_q, max_seqlen_q if kv_offsets is None and max_seqlen_kv is None else max_seqlen_kv)
@@ -96,7 +109,7 @@ def jagged_attention(
     q_offsets_i32 = _offsets("q_offsets", q_offsets)
     kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-            _offsets_check.resolve(check_offsets), hint)
+            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic))
     try:
         if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
             out, lse = ops.EagerAttention.apply(*args)
@@ -148,11 +161,12 @@ def _v_offsets_differ(k, v):
                             v_offsets[index].item())
 
 
-def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offsets=None):
+def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offsets=None, deterministic=None):
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
-    with q's offsets (so it adds to q). Masks, scale and check_offsets as in jagged_attention.
+    with q's offsets (so it adds to q). Masks, scale, check_offsets and deterministic as in
+    jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
     if k.offsets().shape != q.offsets().shape:
@@ -160,7 +174,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offse
     kv_offsets = _kv_offsets(k, v)
     try:
         out = jagged_attention(q_values, k_values, v_values, q.offsets(), kv_offsets, causal=causal, window=window,
-                               scale=scale, check_offsets=check_offsets)
+                               scale=scale, check_offsets=check_offsets, deterministic=deterministic)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:

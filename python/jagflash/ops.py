@@ -2,7 +2,8 @@
 kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
-0 = 1/sqrt(D), the check_offsets mode), and return fresh contiguous tensors. They read no tensor
+0 = 1/sqrt(D), the check_offsets mode, the max_seqlen hint, deterministic), and return fresh
+contiguous tensors. They read no tensor
 value on the host, so a compiled graph holds them with no break and no sync of its own; "auto"
 offsets checking is decided when the op runs, so a CUDA-graph capture gets the device check.
 """
@@ -28,16 +29,19 @@ def fwd(
     scale: float,
     check_offsets: str,
     max_seqlen: int = 0,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """out [total_q, H, D] and lse [H, total_q] float32. The lse is always produced: the
     backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
-    the choice of kernel."""
+    the choice of kernel. deterministic: for the backward (the forward always is), which gets it
+    with the other scalars."""
     return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
                            max_seqlen)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0):
+def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
+              deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     total_q, heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
@@ -59,17 +63,19 @@ def bwd(
     scale: float,
     check_offsets: str,
     max_seqlen: int = 0,
+    deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv from dout and the forward's out and lse."""
+    """dq, dk, dv from dout and the forward's out and lse; deterministic: dq bitwise reproducible
+    too (dk and dv always are)."""
     return _launch.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-        max_seqlen,
+        max_seqlen, deterministic,
     )
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-              max_seqlen=0):
+              max_seqlen=0, deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -120,7 +126,7 @@ def _backward(ctx, dout, _dlse):
     with torch.no_grad():
         dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -134,9 +140,11 @@ class EagerAttention(torch.autograd.Function):
     the registered op, which is what gives those their fake kernel and opcheck guarantees."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen):
-        scalars = (mask, window_left, window_right, scale, check_offsets, max_seqlen)
-        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars)
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen,
+                deterministic=False):
+        scalars = (mask, window_left, window_right, scale, check_offsets, max_seqlen, deterministic)
+        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+                                   max_seqlen)
         _setup_context(ctx, (q, k, v, q_offsets, kv_offsets, *scalars), (out, lse))
         return out, lse
 
@@ -147,7 +155,7 @@ class EagerAttention(torch.autograd.Function):
         with torch.no_grad():
             dq, dk, dv = _launch.backward(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def eager_fast_path_allowed(*tensors) -> bool:

@@ -18,6 +18,8 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     import jagflash
 
+from jagflash import _capi, _launch  # noqa: E402
+
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
@@ -43,6 +45,24 @@ MASKS = {
     "window_4_unbounded_right": (False, (4, -1)),
     "diagonal": (False, (0, 0)),
 }
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every C call jagflash makes, in order, as ("fwd" or "bwd", a copy of its jf_launch as the
+    call saw it): what a test reads when the results cannot show a setting (the CPU reference
+    ignores the kernel hints)."""
+    seen = []
+    call = _launch._call
+
+    def recording_call(size_fn, run_fn, args, *rest, **kwargs):
+        workspace = call(size_fn, run_fn, args, *rest, **kwargs)
+        direction = "fwd" if isinstance(args, _capi.FwdArgs) else "bwd"
+        seen.append((direction, _capi.Launch.from_buffer_copy(args.launch)))
+        return workspace
+
+    monkeypatch.setattr(_launch, "_call", recording_call)
+    return seen
 
 
 @dataclass

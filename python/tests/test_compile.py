@@ -32,14 +32,15 @@ def test_opcheck(device):
     """Schema, fake kernels, autograd registration and AOT dispatch (static and dynamic)."""
     batch = make_batch(21, q_lengths=[3, 0, 9, 1], kv_lengths=[5, 2, 9, 0], heads=4, kv_heads=2, device=device)
     q, k, v = batch.leaves()
-    scalars = (1, -1, -1, 0.0, "auto")
-    torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
-    out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
-    torch.library.opcheck(
-        torch.ops.jagflash.bwd.default,
-        (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets, batch.kv_offsets,
-         *scalars),
-    )
+    # The trailing max_seqlen and deterministic left to their defaults, and given.
+    for scalars in ((1, -1, -1, 0.0, "auto"), (1, -1, -1, 0.0, "auto", 9, True)):
+        torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
+        out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
+        torch.library.opcheck(
+            torch.ops.jagflash.bwd.default,
+            (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets, batch.kv_offsets,
+             *scalars),
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
