@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import jagflash
-from conftest import DEVICES, MASKS, assert_same, check_against_reference, make_batch, random_lengths
+from conftest import (DEVICES, LSE_TOLERANCE, MASKS, TOLERANCES, assert_close, assert_lse_close, assert_same,
+                      check_against_reference, make_batch, random_lengths, reference)
 
 # (heads, kv_heads, cross attention): MHA self-attention, GQA and MQA with Lq != Lk.
 LAYOUTS = {"mha_self": (4, 4, False), "gqa_cross": (4, 2, True), "mqa_cross": (4, 1, True)}
@@ -111,11 +112,34 @@ def test_lse_is_returned_but_not_differentiable(device):
     assert out.requires_grad and not lse.requires_grad
 
 
-def test_max_seqlen_is_accepted_and_ignored():
-    batch = make_batch(18, q_lengths=[6, 2])
-    a = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, max_seqlen_q=6, max_seqlen_kv=6)
-    b = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets)
-    assert_same(a, b)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "kwargs,hint",
+    [
+        ({"max_seqlen_q": 6, "max_seqlen_kv": 7}, 7),  # the larger bound
+        ({"max_seqlen_q": 6}, 6),  # kv_offsets=None: kv is q, so its bound too
+        ({"max_seqlen_q": 6, "kv_offsets": "given"}, 0),  # kv's bound unknown
+        ({}, 0),
+    ],
+    ids=["both", "self-attention", "kv-unknown", "none"],
+)
+def test_max_seqlen_reaches_the_launch_and_changes_no_result(device, kwargs, hint, launches):
+    """The bounds become jf_launch.max_seqlen_hint of the forward and of the backward (on the GPU
+    a short one picks another forward kernel); whatever the hint, the results are the
+    reference's. The CPU reference ignores the hint, so only the launch shows it there."""
+    batch = make_batch(18, q_lengths=[6, 2], device=device)
+    kwargs = dict(kwargs)
+    kv_offsets = batch.kv_offsets if kwargs.pop("kv_offsets", None) else None
+    q, k, v = batch.leaves()
+    out, lse = jagflash.jagged_attention(q, k, v, batch.q_offsets, kv_offsets, return_lse=True, **kwargs)
+    out.backward(batch.dout)
+    assert [(direction, launch.max_seqlen_hint) for direction, launch in launches] == [("fwd", hint), ("bwd", hint)]
+    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch)
+    tol_out, tol_grad = TOLERANCES[batch.q.dtype]
+    assert_close("out", out, ref_out, tol_out, batch.seed)
+    assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)
+    for name, got, want in (("dq", q.grad, ref_dq), ("dk", k.grad, ref_dk), ("dv", v.grad, ref_dv)):
+        assert_close(name, got, want, tol_grad, batch.seed)
 
 
 def test_default_scale_is_inverse_sqrt_head_dim():

@@ -116,7 +116,9 @@ def test_device_check_catches_int64_offsets_past_int32():
     jagflash.read_device_error()
 
 
-def test_runs_on_the_current_stream():
+def test_runs_on_the_current_stream(launches):
+    """The result alone cannot show the stream (the default stream gives the same numbers): the
+    launch must name the current one."""
     static = _batch()
     expected = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True)
     stream = torch.cuda.Stream()
@@ -125,6 +127,8 @@ def test_runs_on_the_current_stream():
         got = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True)
     torch.cuda.current_stream().wait_stream(stream)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    streams = [launch.stream or 0 for _, launch in launches]  # ctypes reads a NULL pointer as None
+    assert streams == [torch.cuda.current_stream().cuda_stream, stream.cuda_stream]
 
 
 def test_offsets_on_another_device():
