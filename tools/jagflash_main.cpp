@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -22,7 +23,9 @@ commands:
   run      the main job: forward + backward on the default gemskew batch (H=16, D=128, bf16).
            On a GPU it times both and checks a sample of sequences against the CPU float64
            reference; without a GPU (or with --cpu) it runs the CPU reference on a scaled-down
-           batch, checks it, and says so.
+           batch (its first 12 sequences, lengths / --scale-down) with the same heads, head dim,
+           dtype and mask, checks it (a bf16 or fp16 run against an fp32 run on the same values,
+           the fp32 one by finite differences), and says so.
   check    compare the GPU path with the GPU oracle on a distribution, and the oracle with the
            CPU reference on the same distribution scaled down (needs a GPU).
   bench    time forward and backward on the benchmark distributions; a table of ms and TFLOP/s.
@@ -36,10 +39,11 @@ options:
   --dtype bf16|fp16|fp32  (default bf16)
   --head-dim 64|128|256   (default 128)
   --heads H               query heads (default 16)
-  --heads-kv H            kv heads, a divisor of H (default H)
+  --heads-kv H            kv heads, a divisor of --heads (default: --heads)
   --iters N               timed iterations, median reported (default 20)
   --warmup N              untimed iterations first (default 3)
-  --scale-down K          check: divide lengths by K for the CPU comparison (default 8)
+  --scale-down K          check, and run without a GPU: divide lengths by K for the CPU
+                          reference (default 8)
   --seed N                batch seed (default 20261129)
   --no-max-seqlen-hint    bench: leave launch.max_seqlen_hint unknown (by default the longest
                           sequence is passed, like FlashAttention's max_seqlen)
@@ -54,6 +58,9 @@ int parse_int(const std::string& flag, const std::string& value) {
     size_t used = 0;
     const long v = std::stol(value, &used);
     if (used != value.size()) throw std::invalid_argument("trailing characters");
+    // The cast below would wrap 4294967297 to 1.
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      throw std::out_of_range("past int");
     return static_cast<int>(v);
   } catch (const std::exception&) {
     throw std::invalid_argument(flag + ": expected an integer, got '" + value + "'");
@@ -101,15 +108,22 @@ jagflash::cli::Options parse(int argc, char** argv) {
         throw std::invalid_argument("--dtype: expected bf16, fp16 or fp32, got '" + o.dtype + "'");
     } else if (a == "--head-dim") {
       o.head_dim = parse_int(a, value());
+      if (o.head_dim != 64 && o.head_dim != 128 && o.head_dim != 256)
+        throw std::invalid_argument("--head-dim: expected 64, 128 or 256, got " + std::to_string(o.head_dim));
     } else if (a == "--heads") {
       o.heads = parse_int(a, value());
+      if (o.heads < 1) throw std::invalid_argument("--heads: expected >= 1, got " + std::to_string(o.heads));
     } else if (a == "--heads-kv") {
       o.heads_kv = parse_int(a, value());
+      if (o.heads_kv < 1)
+        throw std::invalid_argument("--heads-kv: expected >= 1, got " + std::to_string(o.heads_kv));
     } else if (a == "--iters") {
       o.iters = parse_int(a, value());
       if (o.iters < 1) throw std::invalid_argument("--iters: expected >= 1, got " + std::to_string(o.iters));
     } else if (a == "--warmup") {
       o.warmup = parse_int(a, value());
+      if (o.warmup < 0)
+        throw std::invalid_argument("--warmup: expected >= 0, got " + std::to_string(o.warmup));
     } else if (a == "--scale-down") {
       o.scale_down = parse_int(a, value());
       if (o.scale_down < 1)
@@ -137,6 +151,9 @@ jagflash::cli::Options parse(int argc, char** argv) {
   if (o.causal && o.window)
     throw std::invalid_argument("--causal and --window: give one (causal is --window -1,0)");
   if (o.heads_kv == 0) o.heads_kv = o.heads;
+  if (o.heads % o.heads_kv != 0)
+    throw std::invalid_argument("--heads-kv: expected a divisor of --heads (" + std::to_string(o.heads) +
+                                "), got " + std::to_string(o.heads_kv));
   return o;
 }
 
