@@ -3,9 +3,10 @@ kernels (shapes only, for torch.compile and meta tensors) and the autograd formu
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
 0 = 1/sqrt(D), the check_offsets mode, the max_seqlen hint, deterministic), and return fresh
-contiguous tensors. They read no tensor
-value on the host, so a compiled graph holds them with no break and no sync of its own; "auto"
-offsets checking is decided when the op runs, so a CUDA-graph capture gets the device check.
+contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
+break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
+CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a
+double backward raises UnsupportedError.
 """
 from typing import Tuple
 
