@@ -20,15 +20,22 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$
 # machine's absolute paths.
 step "cpu tests" cpu_tests.log "$limit" "$build/tests/jagflash_tests"
 step "gpu tests" gpu_tests.log "$limit" "$build/tests/jagflash_gpu_tests"
-# The forward's benchmark knobs select other variants: each must be as correct as the default.
-JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_BLOCK_N=64 step "hopper tests, 64-key blocks" hopper_block_n64.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_WARPGROUPS=3 step "hopper tests, 3 warpgroups" hopper_wg3.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_WARPGROUPS=2 step "hopper tests, 2 warpgroups" hopper_wg2.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_PAIRS=2 step "hopper tests, 2 pairs" hopper_pairs.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
-JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopper*'
+# The backward's deterministic mode (dq bitwise reproducible) must be as correct as the default:
+# every backward test that does not pick a mode itself runs in it.
+JAGFLASH_TEST_BWD_DETERMINISTIC=1 step "hopper backward, deterministic" hopper_bwd_deterministic.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperBackward*'
+# The backward's schedule knob (JAGFLASH_BWD_SCHEDULE) picks other tile orders: as correct too.
+JAGFLASH_BWD_SCHEDULE=zigzag step "hopper backward, zigzag schedule" hopper_bwd_zigzag.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperBackward*'
+JAGFLASH_BWD_SCHEDULE=grid step "hopper backward, plain grid" hopper_bwd_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperBackward*'
+# The forward's benchmark knobs select other variants: each must be as correct as the default
+# (the backward tests would only rerun the same backward under them: not repeated).
+JAGFLASH_FWD_SCHEDULE=zigzag step "hopper tests, zigzag schedule" hopper_zigzag.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_BLOCK_N=64 step "hopper tests, 64-key blocks" hopper_block_n64.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_WARPGROUPS=3 step "hopper tests, 3 warpgroups" hopper_wg3.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_WARPGROUPS=2 step "hopper tests, 2 warpgroups" hopper_wg2.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_PAIRS=2 step "hopper tests, 2 pairs" hopper_pairs.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 step "jagflash run" run.log "$limit" "$cli" run
 step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then
@@ -49,6 +56,12 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   # The two-pair forward shares one CTA's shared memory between two independent pipelines.
   JAGFLASH_FWD_PAIRS=2 step "memcheck, 2 pairs" memcheck_pairs.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   JAGFLASH_FWD_PAIRS=2 step "racecheck, 2 pairs" racecheck_pairs.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
+  # The backward (its preprocess, main and postprocess kernels, both modes) on small cases;
+  # synccheck for its named barriers and warp-level syncs between producer and consumers.
+  small_bwd='GpuHopperBackward.SmallAgainstReference:GpuHopperBackward.NeverWritesPastTheLastSequence'
+  step "memcheck, backward" memcheck_bwd.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
+  step "racecheck, backward" racecheck_bwd.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
+  step "synccheck, backward" synccheck_bwd.log "$limit" compute-sanitizer --tool synccheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
 fi
 if [ "${VARIANTS:-0}" = 1 ]; then
   # Forward variants side by side (bench/NOTES.md): schedule x ping-pong, both masks.
@@ -65,7 +78,7 @@ if [ "${VARIANTS:-0}" = 1 ]; then
 fi
 
 echo "==== logs in $out"
-for f in run.log bench.log bench_causal.log variants.log memcheck.log racecheck.log; do
+for f in run.log bench.log bench_causal.log variants.log memcheck.log racecheck.log memcheck_bwd.log racecheck_bwd.log synccheck_bwd.log; do
   [ -f "$out/$f" ] && { echo "---- $f"; tail -n 12 "$out/$f"; }
 done
 echo "==== summary ($(head -2 "$out/gpu.txt" | tail -1))"

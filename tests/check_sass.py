@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the SASS of the built Hopper forward kernels (no GPU needed):
+"""Checks the SASS of the built Hopper forward and backward kernels (no GPU needed):
 
   1. the wgmma are not serialized: ptxas answers some code shapes (a divergent wgmma wait, a
      non-wgmma instruction touching accumulators while a wgmma batch is in flight) by waiting
@@ -14,9 +14,16 @@
      then also waits for the GEMM meant to keep running (this silently disabled the mainloop's
      intra-warpgroup overlap until session 8, bench/NOTES.md);
   4. the instructions the design relies on are there: HGMMA, USETMAXREG, UTMALDG (TMA loads),
-     MUFU.EX2 without the denormal fix-up around it (FSETP ... -126).
+     MUFU.EX2 without the denormal fix-up around it (FSETP ... -126); in the backward also the
+     bulk reduce-add of the dQ partials into the fp32 accumulator (cp.reduce.async.bulk: an
+     opcode starting with UBLKRED, or UTMAREDG for its tensor form).
 
-    usage: check_sass.py CUOBJDUMP OBJECT...   (objects not named hopper_fwd_* are ignored)
+In hopper_fwd_* objects the functions named *forward_kernel* are checked; in hopper_bwd_* objects
+those named *backward_kernel* (the main kernel), never the preprocess/postprocess kernels, which
+have no tensor-core code.
+
+    usage: check_sass.py CUOBJDUMP OBJECT...   (objects named neither hopper_fwd_* nor
+                                                hopper_bwd_* are ignored)
            check_sass.py --self-test          (the checks fail on planted faults)
 """
 import os
@@ -42,7 +49,39 @@ def functions(sass):
         yield current, body
 
 
-def check_kernel(name, body):
+# Object name marker -> (function name marker, whether the kernel must show a bulk reduce-add).
+KINDS = {
+    "hopper_fwd_": ("forward_kernel", False),
+    "hopper_bwd_": ("backward_kernel", True),
+}
+# Kernels of a backward object with no tensor-core code: never checked.
+SKIPPED = ("preprocess", "postprocess")
+
+
+def kind_of(obj):
+    """The KINDS key of an object file's name, or None."""
+    base = obj.rsplit("/", 1)[-1]
+    return next((k for k in KINDS if k in base), None)
+
+
+def is_checked(kind, name):
+    marker = KINDS[kind][0]
+    return marker in name and not any(skip in name for skip in SKIPPED)
+
+
+def consumer_range(opcodes):
+    """[lo, hi) of the consumers' code: from their USETMAXREG.TRY_ALLOC to the producer's
+    USETMAXREG.DEALLOC after it (the producer's code follows the DEALLOC), or to the end when the
+    producer's DEALLOC comes first. None without both."""
+    alloc = next((i for i, op in enumerate(opcodes) if op.startswith("USETMAXREG.TRY_ALLOC")), None)
+    if alloc is None or not any(op.startswith("USETMAXREG.DEALLOC") for op in opcodes):
+        return None
+    dealloc = next((i for i, op in enumerate(opcodes) if i > alloc and op.startswith("USETMAXREG.DEALLOC")),
+                   len(opcodes))
+    return alloc, dealloc
+
+
+def check_kernel(name, body, bulk_reduce=False):
     problems = []
     opcodes = [re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0] for ins in body]
     hgmma = sum(op.startswith("HGMMA") for op in opcodes)
@@ -54,12 +93,11 @@ def check_kernel(name, body):
     empty_groups = sum(1 for op, ins in zip(opcodes, body) if op.startswith("HGMMA") and "gdesc[URZ]" in ins)
     if empty_groups:
         problems.append(f"{empty_groups} empty wgmma group(s) (HGMMA on gdesc[URZ]): a wait there covers the GEMM before it")
-    alloc = next((i for i, op in enumerate(opcodes) if op.startswith("USETMAXREG.TRY_ALLOC")), None)
-    dealloc = next((i for i, op in enumerate(opcodes) if op.startswith("USETMAXREG.DEALLOC")), None)
-    if alloc is None or dealloc is None:
+    consumer = consumer_range(opcodes)
+    if consumer is None:
         problems.append("no USETMAXREG alloc/dealloc pair")
     else:
-        lo, hi = sorted((alloc, dealloc))
+        lo, hi = consumer
         local = [body[i] for i in range(lo, hi) if opcodes[i].startswith(("LDL", "STL"))]
         if local:
             problems.append(f"consumer path uses local memory ({len(local)} LDL/STL, e.g. {local[0]})")
@@ -70,7 +108,25 @@ def check_kernel(name, body):
     denormal_fixups = sum(1 for ins in body if ins.startswith("FSETP") and "-126" in ins)
     if denormal_fixups > 4:
         problems.append(f"{denormal_fixups} exp2 denormal fix-ups (FSETP x, -126): exp2f instead of ex2.approx.ftz")
+    if bulk_reduce and not any(op.startswith(("UBLKRED", "UTMAREDG")) for op in opcodes):
+        problems.append("no bulk reduce-add (UBLKRED/UTMAREDG): dQ partials not added by cp.reduce.async.bulk")
     return hgmma, depbar, problems
+
+
+def check_listing(kind, sass, label):
+    """Checks the kernels of one object's listing: (checked, failed, report lines)."""
+    checked = failed = 0
+    lines = []
+    for name, body in functions(sass):
+        if not is_checked(kind, name):
+            continue
+        checked += 1
+        hgmma, depbar, problems = check_kernel(name, body, bulk_reduce=KINDS[kind][1])
+        status = "FAIL" if problems else "ok"
+        lines.append(f"{status:4s} {label} {name[:110]}: {hgmma} HGMMA, {depbar} DEPBAR"
+                     + "".join(f"\n     - {p}" for p in problems))
+        failed += bool(problems)
+    return checked, failed, lines
 
 
 def self_test():
@@ -99,6 +155,55 @@ def self_test():
         if bool(problems) != bool(want_problems):
             print(f"self-test {label}: expected {'problems' if want_problems else 'none'}, got {problems}")
             ok = False
+
+    # The backward: the same checks plus the bulk reduce-add, on the main kernel only. Its
+    # producer may come first in the code (DEALLOC, producer, TRY_ALLOC, consumers).
+    def object_listing(kernels):
+        lines = []
+        for fname, ops in kernels:
+            lines.append(f"  Function : {fname}")
+            lines += [f"  /*{i * 16:04x}*/  {op} ;" for i, op in enumerate(ops)]
+        return "\n".join(lines)
+
+    main = "_ZN8jagflash7kernels3bwd15backward_kernelI4TestEEvv"
+    pre = "_ZN8jagflash7kernels3bwd26backward_preprocess_kernelI4TestEEvv"
+    post = "_ZN8jagflash7kernels3bwd27backward_postprocess_kernelI4TestEEvv"
+    # Names that hold the main kernel's marker too: skipped all the same.
+    pre2 = "_ZN8jagflash7kernels3bwd26preprocess_backward_kernelI4TestEEvv"
+    post2 = "_ZN8jagflash7kernels3bwd27postprocess_backward_kernelI4TestEEvv"
+    light = ["LDG.E.128 R4, desc[UR4][R2.64]", "FFMA R1, R4, R5, R1", "STG.E [R6.64], R1", "EXIT"]
+    reduce = "UBLKRED.G.S.ADD.F32.RN.BULK_GROUP [UR8], [UR4], UR6"
+    bwd_good = good + [reduce]
+    producer_first = (["USETMAXREG.DEALLOC.CTAPOOL 0x18", "STL [R1], R2", "UTMALDG.2D [UR8], [UR4]", reduce,
+                       "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", "WARPGROUP.ARRIVE"]
+                      + ["HGMMA.64x128x16.F32.BF16 R24"] * 8 + ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R1, R2"])
+    bwd_cases = {
+        "backward good (pre/postprocess skipped)": ([(pre, light), (main, bwd_good), (post, light)], 1, 0),
+        "backward good, *process_backward_kernel skipped": ([(pre2, light), (main, bwd_good), (post2, light)], 1, 0),
+        "backward tensor-form reduce": ([(main, good + ["UTMAREDG.2D.ADD [UR8], [UR4]"])], 1, 0),
+        "backward producer first": ([(main, producer_first)], 1, 0),
+        "backward without bulk reduce": ([(pre, light), (main, good), (post, light)], 1, 1),
+        "backward consumer spill": ([(main, bwd_good[:3] + ["LDL R0, [R1+0x8]"] + bwd_good[3:])], 1, 1),
+        "backward consumer spill, producer first": ([(main, producer_first + ["STL [R1+0x4], R0"])], 1, 1),
+        "backward serialized": ([(main, good[:2] + serialized + good[11:] + [reduce])], 1, 1),
+        "backward no TMA": ([(main, [op for op in bwd_good if not op.startswith("UTMALDG")])], 1, 1),
+        "backward object without its main kernel": ([(pre, light), (post, light)], 0, 0),
+    }
+    for label, (kernels, want_checked, want_failed) in bwd_cases.items():
+        checked, failed, lines = check_listing("hopper_bwd_", object_listing(kernels), label)
+        if (checked, failed) != (want_checked, want_failed):
+            print(f"self-test {label}: expected {want_checked} checked / {want_failed} failed, got {checked} / {failed}"
+                  + "".join(f"\n  {line}" for line in lines))
+            ok = False
+    # A forward object's kernels need no bulk reduce; a forward kernel in it is not a backward one.
+    checked, failed, _ = check_listing("hopper_fwd_", object_listing([("_Z14forward_kernelI4TestE", good)]), "fwd")
+    if (checked, failed) != (1, 0):
+        print(f"self-test forward object: expected 1 checked / 0 failed, got {checked} / {failed}")
+        ok = False
+    if [kind_of(o) for o in ("a/hopper_fwd_bf16_hd64.cu.o", "b/hopper_bwd_fp16_hd128.cu.o", "c/oracle_bf16_hd64.cu.o")] \
+            != ["hopper_fwd_", "hopper_bwd_", None]:
+        print("self-test: object kinds misread")
+        ok = False
     print("check_sass self-test:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -109,30 +214,31 @@ def main(argv):
     if len(argv) < 3:
         print(__doc__)
         return 2
-    cuobjdump, objects = argv[1], [o for o in argv[2:] if "hopper_fwd_" in o]
+    cuobjdump, objects = argv[1], [o for o in argv[2:] if kind_of(o)]
     if not os.path.isfile(cuobjdump):
         print(f"check_sass: cuobjdump not found at {cuobjdump!r}: run scripts/setup.sh (it installs it under .deps/)")
         return 1
     # cuobjdump runs nvdisasm for -sass: the one installed next to it.
     env = dict(os.environ, NVDISASM_PATH=os.path.dirname(os.path.abspath(cuobjdump)))
     if not objects:
-        print("check_sass: no hopper_fwd_* object among the arguments (was sm_90a built?)")
+        print("check_sass: no hopper_fwd_* or hopper_bwd_* object among the arguments (was sm_90a built?)")
         return 1
     failed = checked = 0
+    checked_by_kind = {}
     for obj in objects:
+        kind = kind_of(obj)
         sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True, env=env).stdout
-        for name, body in functions(sass):
-            if "forward_kernel" not in name:
-                continue
-            checked += 1
-            hgmma, depbar, problems = check_kernel(name, body)
-            status = "FAIL" if problems else "ok"
-            print(f"{status:4s} {obj.rsplit('/', 1)[-1]} {name[:110]}: {hgmma} HGMMA, {depbar} DEPBAR"
-                  + ("".join(f"\n     - {p}" for p in problems)))
-            failed += bool(problems)
-    if checked == 0:
-        print("check_sass: no forward_kernel found in the objects")
-        return 1
+        n, bad, lines = check_listing(kind, sass, obj.rsplit("/", 1)[-1])
+        for line in lines:
+            print(line)
+        checked_by_kind[kind] = checked_by_kind.get(kind, 0) + n
+        checked += n
+        failed += bad
+    for kind, n in checked_by_kind.items():
+        if n == 0:
+            # A renamed kernel the check no longer sees must not pass as a clean one.
+            print(f"check_sass: no {KINDS[kind][0]} found in the {kind}* objects")
+            failed += 1
     print(f"check_sass: {checked} kernels, {failed} failed")
     return 1 if failed else 0
 
