@@ -5,6 +5,7 @@
 #include "api/workspace.hpp"
 #include "core/dtype.hpp"
 #include "kernels/fwd/variants.hpp"
+#include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"
 #include "oracle/oracle.hpp"
 #include "reference/reference.hpp"
@@ -60,6 +61,43 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
                                           a.problem.q.rows, a.problem.k.rows, v.block_m(), v.block_n);
 }
 
+// The Hopper backward for this call, or nullptr when the oracle serves it (AUTO); an explicit
+// JF_BACKEND_HOPPER that cannot be served is an error.
+const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
+  const jf_problem& p = a.problem;
+  if (p.device != JF_DEVICE_CUDA || a.launch.backend == JF_BACKEND_ORACLE) return nullptr;
+  const kernels::HopperBackwardEntry* e = kernels::find_hopper_backward(p.dtype, p.q.head_dim);
+  const bool device_ok = kernels::hopper_device_present();
+  if (a.launch.backend == JF_BACKEND_HOPPER) {
+    if (e == nullptr) {
+      std::ostringstream given;
+      given << dtype_name(p.dtype) << "/" << p.q.head_dim;
+      fail_argument(
+          "launch.backend",
+          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as instantiated "
+          "in this build; head dim 256 is served by the oracle)",
+          given.str(), JF_ERR_UNSUPPORTED);
+    }
+    if (!device_ok)
+      fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU",
+                    JF_ERR_UNSUPPORTED);
+  }
+  return device_ok ? e : nullptr;
+}
+
+WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
+  return WorkspaceLayout::backward_hopper(a.problem.q.heads, a.problem.q.rows, a.problem.q.head_dim,
+                                          a.launch.deterministic != 0);
+}
+
+// The backward's plan: (sequence, KV block) pairs, built by the forward's plan builder with the
+// two sides swapped.
+schedule::DevicePlanLayout hopper_backward_plan_layout(const jf_bwd_args& a) {
+  return schedule::DevicePlanLayout::make(hopper_backward_layout(a).total_bytes, a.problem.batch_size,
+                                          a.problem.k.rows, a.problem.q.rows, kernels::kBackwardBlockN,
+                                          kernels::kBackwardBlockM);
+}
+
 }  // namespace
 
 size_t forward_workspace_size(const jf_fwd_args& a) {
@@ -71,9 +109,9 @@ size_t forward_workspace_size(const jf_fwd_args& a) {
 
 size_t backward_workspace_size(const jf_bwd_args& a) {
   validate_backward_shapes(a);
-  return a.problem.device == JF_DEVICE_CUDA
-             ? WorkspaceLayout::backward_gpu(a.problem.q.heads, a.problem.q.rows).total_bytes
-             : 0;
+  if (a.problem.device != JF_DEVICE_CUDA) return 0;
+  if (hopper_backward_for(a) != nullptr) return hopper_backward_plan_layout(a).total_bytes;
+  return WorkspaceLayout::backward_gpu(a.problem.q.heads, a.problem.q.rows).total_bytes;
 }
 
 void run_forward(const jf_fwd_args& a) {
@@ -108,15 +146,35 @@ void run_backward(const jf_bwd_args& a) {
     reference::backward(a);
     return;
   }
-  const oracle::Entry& entry = oracle_for(p);
-  const WorkspaceLayout layout = WorkspaceLayout::backward_gpu(p.q.heads, p.q.rows);
+  const kernels::HopperBackwardEntry* hopper = hopper_backward_for(a);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
+  const WorkspaceLayout layout =
+      hopper ? hopper_backward_layout(a) : WorkspaceLayout::backward_gpu(p.q.heads, p.q.rows);
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
   JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
                                              flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
                                              stream));
-  JF_CUDA_CHECK(entry.backward(a, oracle::Workspace{flag, delta}, stream));
+  if (hopper != nullptr) {
+    kernels::HopperBackwardLaunch launch{};
+    launch.error_flag = flag;
+    launch.workspace = a.launch.workspace;
+    launch.plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
+    launch.plan = hopper_backward_plan_layout(a);
+    launch.build_plan = a.launch.reuse_plan == 0;
+    launch.lse_log2 = reinterpret_cast<float*>(workspace_at(a.launch, layout.lse_log2_offset));
+    launch.delta = delta;
+    launch.q_stride = layout.q_stride;
+    launch.dq_accum = reinterpret_cast<float*>(workspace_at(a.launch, layout.dq_accum_offset));
+    launch.dq_rows = layout.dq_rows;
+    launch.dq_sems = a.launch.deterministic
+                         ? reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.dq_sems_offset))
+                         : nullptr;
+    JF_CUDA_CHECK(hopper->run(a, launch, stream));
+    return;
+  }
+  JF_CUDA_CHECK(entry->backward(a, oracle::Workspace{flag, delta}, stream));
 }
 
 void read_device_error(const void* workspace, void* stream) {

@@ -1,0 +1,67 @@
+// The persistent warp-specialised backward kernel: shared storage, barriers, role dispatch.
+#pragma once
+
+#include "kernels/bwd/dq_writer.cuh"
+#include "kernels/bwd/kernel_traits_bwd.cuh"
+#include "kernels/bwd/mainloop_bwd.cuh"
+
+#include <cutlass/arch/reg_reconfig.h>
+
+namespace jagflash::kernels::bwd {
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(const __grid_constant__ Params<KernelTraits<Config>> p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // built for a target without wgmma/setmaxnreg: only launched on compute capability 9.0
+#else
+  using Traits = KernelTraits<Config>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
+  if (*p.error_flag) return;  // offsets failed the device check: write nothing
+  if (!schedule::same_plan_key(*p.plan_key, p.expected_plan_key)) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, schedule::kPlanMismatchFlag);
+    return;
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
+    for (uint32_t s = 0; s < SharedStorage<Traits>::kTileSlots; ++s) {
+      EmptyBarrier::init(&smem.tile_full[s], 1);
+      EmptyBarrier::init(&smem.tile_empty[s], kConsumerWarps);
+    }
+    FullBarrier::init(&smem.kv_full, 1);
+    EmptyBarrier::init(&smem.kv_empty, kConsumerWarps);
+    for (int s = 0; s < Config::kStages; ++s) {
+      FullBarrier::init(&smem.q_full[s], 1);
+      EmptyBarrier::init(&smem.q_empty[s], kConsumerWarps);
+      FullBarrier::init(&smem.do_full[s], 1);
+      EmptyBarrier::init(&smem.do_empty[s], kConsumerWarps);
+    }
+    for (int s = 0; s < 2; ++s) {
+      EmptyBarrier::init(&smem.dq_full[s], kConsumerWarps);
+      EmptyBarrier::init(&smem.dq_empty[s], 1);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warp / 4 == 0) {  // the producer warpgroup
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      Loader<Traits>::run(p, smem);
+    } else if (threadIdx.x == 32) {
+      DqWriter<Traits>::run(p, smem);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
+    Consumer<Traits>::run(p, smem, threadIdx.x - 128);
+  }
+#endif
+}
+
+}  // namespace jagflash::kernels::bwd

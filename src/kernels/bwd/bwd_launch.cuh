@@ -1,0 +1,171 @@
+// Host side of the Hopper backward: preprocess, the plan over KV blocks, TMA descriptors, the
+// persistent kernel, postprocess.
+#pragma once
+
+#include "kernels/bwd/bwd_kernel.cuh"
+#include "kernels/bwd/prepost_bwd.cuh"
+#include "kernels/hopper_backward.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace jagflash::kernels::bwd {
+
+inline int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 132;
+  return count;
+}
+
+// Benchmark knob, read once: JAGFLASH_BWD_SCHEDULE = dynamic (default) | zigzag | grid.
+inline Schedule schedule_knob() {
+  static const Schedule s = [] {
+    const char* v = std::getenv("JAGFLASH_BWD_SCHEDULE");
+    if (v != nullptr && std::strcmp(v, "zigzag") == 0) return Schedule::kZigzag;
+    if (v != nullptr && std::strcmp(v, "grid") == 0) return Schedule::kGrid;
+    return Schedule::kDynamic;
+  }();
+  return s;
+}
+
+// A [rows, heads, head_dim] view as the TMA's (rows, head dim, heads) tensor; a tensor with no
+// rows borrows `fallback` (its descriptor is never loaded from).
+template <class Traits>
+auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
+  using Element = typename Traits::Element;
+  const jf_tensor& src = t.rows > 0 ? t : fallback;
+  const int32_t rows = static_cast<int32_t>(src.rows);
+  const int64_t head_stride = src.heads > 1 ? src.head_stride : Traits::kHeadDim;
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(src.data)),
+                     make_layout(make_shape(rows, typename Traits::HeadDim{}, src.heads),
+                                 make_stride(src.row_stride, _1{}, head_stride)));
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
+  using Config = TileConfig<Element, kHeadDim>;
+  using Traits = KernelTraits<Config>;
+  const jf_problem& pb = a.problem;
+  const int32_t heads = pb.q.heads;
+  const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
+
+  // The accumulator starts at zero; the semaphores too (deterministic mode).
+  cudaError_t err = cudaMemsetAsync(
+      launch.dq_accum, 0, static_cast<size_t>(heads) * launch.dq_rows * kHeadDim * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  if (launch.dq_sems != nullptr) {
+    err =
+        cudaMemsetAsync(launch.dq_sems, 0, static_cast<size_t>(heads) * pb.q.rows * sizeof(int32_t), stream);
+    if (err != cudaSuccess) return err;
+  }
+  {
+    PreprocessParams pp{};
+    pp.out = a.out.data;
+    pp.dout = a.dout.data;
+    pp.out_row_stride = a.out.row_stride;
+    pp.out_head_stride = a.out.head_stride;
+    pp.dout_row_stride = a.dout.row_stride;
+    pp.dout_head_stride = a.dout.head_stride;
+    pp.lse = a.lse;
+    pp.lse_log2 = launch.lse_log2;
+    pp.delta = launch.delta;
+    pp.total_q = pb.q.rows;
+    pp.q_stride = launch.q_stride;
+    pp.num_heads = heads;
+    pp.error_flag = launch.error_flag;
+    const int64_t warps = launch.q_stride * heads;
+    const int64_t blocks = (warps * 32 + 255) / 256;
+    preprocess_kernel<Element, kHeadDim>
+        <<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 256, 0, stream>>>(pp);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+
+  if (pb.k.rows > 0) {
+    const MaskPolicy mask = MaskPolicy::from(pb.mask, pb.window_left, pb.window_right);
+    // The plan lists (sequence, KV block) pairs: the forward's plan builder with the two sides
+    // swapped (KV blocks of 128 keys as its "q blocks", Q blocks of 64 rows as its "kv blocks").
+    const schedule::PlanKey key =
+        schedule::plan_key({Config::kBlockN, Config::kBlockM}, pb.batch_size, pb.k.rows, pb.q.rows);
+    err = launch.build_plan
+              ? schedule::build_forward_plan(pb.kv_offsets, pb.q_offsets, pb.batch_size, Config::kBlockN,
+                                             Config::kBlockM, launch.error_flag, launch.plan_key, key,
+                                             launch.workspace, launch.plan, stream)
+              : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
+    if (err != cudaSuccess) return err;
+
+    Params<Traits> p{};
+    p.tma_q =
+        make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.q, pb.k), typename Traits::SmemLayoutQStage{});
+    p.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(a.dout, pb.k),
+                             typename Traits::SmemLayoutQStage{});
+    p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.k), typename Traits::SmemLayoutK{});
+    p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.v, pb.k), typename Traits::SmemLayoutK{});
+    p.lse_log2 = launch.lse_log2;
+    p.delta = launch.delta;
+    p.q_stride = launch.q_stride;
+    p.total_q = static_cast<int32_t>(pb.q.rows > 0 ? pb.q.rows : pb.k.rows);  // the TMA's row count
+    p.total_kv = static_cast<int32_t>(pb.k.rows);
+    p.num_heads = heads;
+    p.num_heads_kv = pb.k.heads;
+    p.group = heads / pb.k.heads;
+    p.dk = static_cast<Element*>(a.dk.data);
+    p.dv = static_cast<Element*>(a.dv.data);
+    p.dk_row_stride = a.dk.row_stride;
+    p.dk_head_stride = a.dk.head_stride;
+    p.dv_row_stride = a.dv.row_stride;
+    p.dv_head_stride = a.dv.head_stride;
+    p.dq_accum = launch.dq_accum;
+    p.dq_rows = launch.dq_rows;
+    p.dq_sems = launch.dq_sems;
+    p.q_offsets = pb.q_offsets;
+    p.kv_offsets = pb.kv_offsets;
+    p.mask = mask;
+    p.scale = scale;
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.error_flag = launch.error_flag;
+    p.plan_key = launch.plan_key;
+    p.expected_plan_key = key;
+    const schedule::DevicePlan plan = schedule::device_plan_at(launch.workspace, launch.plan);
+    p.sorted_pairs = plan.sorted_pairs;
+    p.pair_batch = plan.pair_batch;
+    p.pair_block = plan.pair_block;
+    p.num_pairs = plan.num_pairs;
+    p.tile_counter = plan.tile_counter;
+    p.schedule = schedule_knob();
+
+    constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
+    static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
+    err = cudaFuncSetAttribute(backward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const int64_t max_tiles = launch.plan.max_pairs * pb.k.heads;
+    const int64_t grid =
+        p.schedule == Schedule::kGrid ? max_tiles : (max_tiles < sm_count() ? max_tiles : sm_count());
+    backward_kernel<Config><<<static_cast<unsigned>(grid), Config::kThreads, kSmemBytes, stream>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+
+  if (pb.q.rows > 0) {
+    PostprocessParams pp{};
+    pp.dq_accum = launch.dq_accum;
+    pp.dq_rows = launch.dq_rows;
+    pp.dq = a.dq.data;
+    pp.dq_row_stride = a.dq.row_stride;
+    pp.dq_head_stride = a.dq.head_stride;
+    pp.total_q = pb.q.rows;
+    pp.num_heads = heads;
+    pp.scale = scale;
+    pp.error_flag = launch.error_flag;
+    const int64_t items = pb.q.rows * heads * (kHeadDim / 8);
+    const int64_t blocks = (items + 255) / 256;
+    postprocess_kernel<Element, kHeadDim>
+        <<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 256, 0, stream>>>(pp);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace jagflash::kernels::bwd

@@ -1,0 +1,185 @@
+// Types derived from the backward's tile config: shared-memory layouts, TMA atoms, tiled MMAs,
+// shared storage and the kernel's device parameters.
+#pragma once
+
+// cute/tensor.hpp first: cute/atom/copy_atom.hpp does not compile without it before.
+#include <cute/tensor.hpp>
+
+#include "core/mask.hpp"
+#include "kernels/bwd/tile_config_bwd.hpp"
+#include "kernels/common/barriers.cuh"
+#include "schedule/plan.hpp"
+
+#include <cutlass/numeric_types.h>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace jagflash::kernels::bwd {
+
+using namespace cute;
+using common::EmptyBarrier;
+using common::FullBarrier;
+
+// How CTAs get their tiles (the forward's choices, measured the same way).
+enum class Schedule : int32_t {
+  kDynamic = 0,  // persistent; next tile of the plan (heaviest sequence first) through an atomic counter
+  kZigzag = 1,   // persistent; static snake over the plan
+  kGrid = 2      // one CTA per tile in plan order
+};
+
+template <class Config>
+struct KernelTraits {
+  using Element = typename Config::Element;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kHeadDim = Config::kHeadDim;
+  static constexpr int kStages = Config::kStages;
+  using BlockM = Int<kBlockM>;
+  using BlockN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using WgKeys = Int<Config::kKeysPerWarpgroup>;
+
+  // Q, dO, K, V: head dim contiguous, 128-byte swizzle (the wgmma-native K-major layout).
+  using SmemAtomK = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim, Int<kStages>>{}));
+  using SmemLayoutQStage = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim>{}));  // the TMA box
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockN, HeadDim>{}));
+  // The same bytes read as (head dim, rows): the MN-major B operands of dV += P^T dO,
+  // dK += dS^T Q (dO and Q transposed) and dQ = dS K (K transposed).
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<HeadDim, BlockM, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlockN>{}, Step<_2, _1>{})));
+  // dS as the A operand of dQ = dS K: (rows, keys) with the rows contiguous (MN-major), so a
+  // consumer thread's dS^T accumulator pairs (adjacent rows) are adjacent in memory.
+  using SmemAtomMN = decltype(GMMA::Layout_MN_SW128_Atom<Element>{});
+  using SmemLayoutDs =
+      decltype(tile_to_shape(SmemAtomMN{}, Shape<BlockM, BlockN, Int<Config::kDsBuffers>>{}));
+  // ... and as (keys, rows), the layout the consumers write it in (their S^T accumulator's).
+  using SmemLayoutDsT = decltype(composition(
+      SmemLayoutDs{},
+      make_ordered_layout(Shape<BlockN, BlockM, Int<Config::kDsBuffers>>{}, Step<_2, _1, _3>{})));
+
+  // S^T = K Q^T and dP^T = V dO^T: the warpgroups stacked along M (keys), 64 keys x 64 rows each.
+  using WgAlongM = Layout<Shape<_2, _1, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, BlockM, HeadDim>>(), WgAlongM{}));
+  // dV += P^T dO and dK += dS^T Q: A from registers (P^T, dS^T), B = dO^T, Q^T (MN-major).
+  using TiledMmaDkv =
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              WgAlongM{}));
+  // dQ = dS K: 64 rows x D over all 128 keys; the two warpgroups split the head dim.
+  using TiledMmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+
+  // Global tensors as TMA sees them: (rows, head dim, heads), strides from the caller.
+  using GmemLayout = Layout<Shape<int32_t, HeadDim, int32_t>, Stride<int64_t, _1, int64_t>>;
+  using TmaQ = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayoutQStage{}));
+  using TmaK = decltype(make_tma_copy(
+      SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
+      SmemLayoutK{}));
+  // lse (log2 units) and delta of a Q block: [heads][q_stride] fp32 in the workspace, brought by
+  // a plain bulk copy (no tensor map) of kStatRows rows from the 16-byte aligned row at or before
+  // the block's first row: the consumers read from (first row % 4) on.
+  static constexpr int kStatRows = kBlockM + 4;
+  static constexpr uint32_t kQBytes = Config::kQBytes;
+  static constexpr uint32_t kKBytes = Config::kKBytes;
+  static constexpr uint32_t kStatBytes = kStatRows * sizeof(float);
+  static constexpr uint32_t kDqBytes = Config::kDqBytes;
+};
+
+// One tile: decoded from the plan by the loading thread, read from the tile ring by the consumers.
+struct TileInfo {
+  int32_t batch;
+  int32_t n_block;  // the tile's KV block in its sequence
+  int32_t kv_head;
+  int32_t q_start;
+  int32_t kv_start;
+  int32_t len_q;
+  int32_t len_kv;
+  int32_t m_lo;  // the Q blocks that see the KV block: [m_lo, m_hi], for each head of the group
+  int32_t m_hi;
+};
+
+// Where a dQ stage goes: written by the consumers with the stage, read by the dQ writer.
+struct DqTarget {
+  int64_t row;       // first accumulator row: head x dq_rows + q_start + 64 m
+  int32_t sem;       // deterministic mode: the semaphore of (head, Q block), else unused
+  int32_t sem_turn;  // its value when this KV block's turn comes
+  int32_t stop;      // 1: no more stages (the consumers are done)
+  int32_t pad;
+};
+
+template <class Traits>
+struct SharedStorage {
+  using Element = typename Traits::Element;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> k;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> v;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> dout;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutDs>, 1024> ds;
+  // dQ partials in fp32, row-major [64][D]: the bulk reduce-add copies a stage as one block.
+  cute::array_aligned<float, Traits::kBlockM * Traits::kHeadDim * 2, 128> dq;
+  cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> lse;
+  cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> delta;
+  DqTarget dq_target[2];
+  static constexpr uint32_t kTileSlots = 2;
+  TileInfo tile[kTileSlots];
+  int32_t has_tile[kTileSlots];
+  uint64_t tile_full[kTileSlots];    // loader -> consumers: the slot holds the next tile
+  uint64_t tile_empty[kTileSlots];   // consumers -> loader: the tile is done
+  uint64_t kv_full;                  // K and V of the tile landed
+  uint64_t kv_empty;                 // the consumers are done with K and V
+  uint64_t q_full[Traits::kStages];  // Q and lse of a Q block
+  uint64_t q_empty[Traits::kStages];
+  uint64_t do_full[Traits::kStages];  // dO and delta
+  uint64_t do_empty[Traits::kStages];
+  uint64_t dq_full[2];   // consumers -> dQ writer: a stage of dQ partials is written
+  uint64_t dq_empty[2];  // dQ writer -> consumers: the bulk reduce has read the stage
+};
+
+template <class Traits>
+struct Params {
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+  const float* lse_log2;  // [heads][q_stride]
+  const float* delta;     // [heads][q_stride]
+  int64_t q_stride;
+  int32_t total_q;
+  int32_t total_kv;
+  int32_t num_heads;
+  int32_t num_heads_kv;
+  int32_t group;
+  typename Traits::Element* dk;
+  typename Traits::Element* dv;
+  int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
+  float* dq_accum;  // [heads][dq_rows][D] fp32
+  int64_t dq_rows;
+  int32_t* dq_sems;  // deterministic mode: [heads][total_q], else null
+  const int32_t* q_offsets;
+  const int32_t* kv_offsets;
+  MaskPolicy mask;
+  float scale;
+  float scale_log2;
+  int32_t* error_flag;
+  const schedule::PlanKey* plan_key;
+  schedule::PlanKey expected_plan_key;
+  const int32_t* sorted_pairs;
+  const int32_t* pair_batch;
+  const int32_t* pair_block;
+  const int32_t* num_pairs;
+  int32_t* tile_counter;
+  Schedule schedule;
+};
+
+}  // namespace jagflash::kernels::bwd

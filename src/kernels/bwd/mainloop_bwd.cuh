@@ -1,0 +1,360 @@
+// The backward's roles inside a persistent CTA; the tiles come from the loading thread, which
+// also decodes them (scheduler_bwd.cuh).
+//  Loader (one thread of the producer warpgroup): per tile, K and V once, then Q with its lse
+//    and dO with its delta for every Q block (and query head of the group) that sees the tile,
+//    through the kStages ring.
+//  Consumers (two warpgroups, 64 keys each): S^T, dP^T, P^T, dS^T, dV and dK in registers, dS
+//    to shared memory, dQ = dS K into a dQ stage for the writer; dK, dV stored at the tile's end.
+//  dQ writer (dq_writer.cuh): adds each dQ stage into the fp32 accumulator with one bulk reduce.
+#pragma once
+
+#include "kernels/bwd/epilogue_bwd.cuh"
+#include "kernels/bwd/kernel_traits_bwd.cuh"
+#include "kernels/bwd/scheduler_bwd.cuh"
+#include "kernels/common/accumulator.cuh"
+#include "kernels/common/warpgroup_gemm.cuh"
+
+#include <cutlass/arch/barrier.h>
+#include <cute/tensor.hpp>
+
+namespace jagflash::kernels::bwd {
+
+using namespace cute;
+using common::AccumulatorCoords;
+using common::exp2_ftz;
+using common::warpgroup_gemm;
+
+// The consumer thread index (0-255), read with an asm volatile the compiler cannot hoist out
+// of a loop: addresses derived from it are recomputed where they are used, not kept live.
+__device__ __forceinline__ int fresh_consumer_thread() {
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return static_cast<int>(tid) - 128;
+}
+
+// One plain bulk copy global -> shared memory completing on `bar` (16-byte aligned addresses,
+// a multiple of 16 bytes).
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t mbar = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(gmem), "r"(bytes), "r"(mbar)
+      : "memory");
+}
+
+template <class Traits>
+struct Loader {
+  using BlockM = typename Traits::BlockM;
+  using BlockN = typename Traits::BlockN;
+  using HeadDim = typename Traits::HeadDim;
+  static constexpr int kStages = Traits::kStages;
+
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem) {
+    Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.total_q, HeadDim{}, p.num_heads));
+    Tensor mDo = p.tma_do.get_tma_tensor(make_shape(p.total_q, HeadDim{}, p.num_heads));
+    Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
+    Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.total_kv, HeadDim{}, p.num_heads_kv));
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sDo = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutK{});
+
+    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
+    const int32_t total_tiles = *p.num_pairs * p.num_heads_kv;
+    uint32_t uses = 0;  // Q blocks loaded so far (the ring's position)
+    for (uint32_t round = 0;; ++round) {
+      const uint32_t slot = round % kSlots;
+      if (round >= kSlots) EmptyBarrier::wait(&smem.tile_empty[slot], ((round / kSlots) - 1) & 1);
+      const int32_t tile = next_tile(p, static_cast<int32_t>(round));
+      const bool has_tile = tile < total_tiles;
+      TileInfo t{};
+      if (has_tile) {
+        t = decode_tile(p, tile);
+        smem.tile[slot] = t;
+      }
+      smem.has_tile[slot] = has_tile;
+      EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
+      if (!has_tile) return;
+
+      // K and V of the tile, once (the consumers free them after the tile's last dQ GEMM).
+      if (round > 0) EmptyBarrier::wait(&smem.kv_empty, (round - 1) & 1);
+      Tensor gK = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mK(_, _, t.kv_head)),
+                             Shape<BlockN, HeadDim>{}, make_coord(t.n_block, _0{}));
+      Tensor gV = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mV(_, _, t.kv_head)),
+                             Shape<BlockN, HeadDim>{}, make_coord(t.n_block, _0{}));
+      auto k_parts =
+          tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto v_parts =
+          tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      FullBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKBytes);
+      copy(p.tma_k.with(smem.kv_full), get<0>(k_parts), get<1>(k_parts));
+      copy(p.tma_v.with(smem.kv_full), get<0>(v_parts), get<1>(v_parts));
+
+      // Rows are addressed from the sequence's first token: a Q block past the sequence's end
+      // reads the next sequence's rows (masked by the consumers) or zeros past the tensor.
+      for (int32_t h = t.kv_head * p.group; h < (t.kv_head + 1) * p.group; ++h) {
+        Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, h)),
+                               Shape<BlockM, HeadDim>{}, make_coord(_, _0{}));
+        Tensor gDo = local_tile(domain_offset(make_coord(t.q_start, _0{}), mDo(_, _, h)),
+                                Shape<BlockM, HeadDim>{}, make_coord(_, _0{}));
+        auto q_parts =
+            tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto do_parts =
+            tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo), group_modes<0, 2>(gDo));
+        for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
+          const uint32_t stage = uses % kStages, round_q = uses / kStages;
+          if (round_q > 0) EmptyBarrier::wait(&smem.q_empty[stage], (round_q - 1) & 1);
+          FullBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          copy(p.tma_q.with(smem.q_full[stage]), get<0>(q_parts)(_, m), get<1>(q_parts)(_, stage));
+          // The stats from the aligned row at or before the block's first (the consumers skip the
+          // first (row % 4)); the workspace holds kStatRows rows of slack after the last.
+          const int64_t stat_row = int64_t(h) * p.q_stride + ((t.q_start + m * Traits::kBlockM) & ~3);
+          bulk_copy_g2s(smem.lse.data() + stage * Traits::kStatRows, p.lse_log2 + stat_row,
+                        Traits::kStatBytes, &smem.q_full[stage]);
+          if (round_q > 0) EmptyBarrier::wait(&smem.do_empty[stage], (round_q - 1) & 1);
+          FullBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          copy(p.tma_do.with(smem.do_full[stage]), get<0>(do_parts)(_, m), get<1>(do_parts)(_, stage));
+          bulk_copy_g2s(smem.delta.data() + stage * Traits::kStatRows, p.delta + stat_row, Traits::kStatBytes,
+                        &smem.do_full[stage]);
+          ++uses;
+        }
+      }
+    }
+  }
+};
+
+template <class Traits>
+struct Consumer {
+  using Element = typename Traits::Element;
+  using BlockM = typename Traits::BlockM;
+  using BlockN = typename Traits::BlockN;
+  using HeadDim = typename Traits::HeadDim;
+  static constexpr int kStages = Traits::kStages;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+
+  // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmaDkv mma_dkv;
+    typename Traits::TiledMmaDq mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(thread);
+    auto thr_dkv = mma_dkv.get_thread_slice(thread);
+    auto thr_dq = mma_dq.get_thread_slice(thread);
+
+    // The shared-memory operands' descriptors (64-bit, one per k-block) are built right before
+    // each GEMM from a base the compiler must reload (fresh_smem): built once before the loop,
+    // the ~90 of them stayed live across it and spilled.
+    auto fresh_smem = [&]() -> SharedStorage<Traits>& {
+      SharedStorage<Traits>* s = &smem;
+      asm volatile("" : "+l"(s));
+      return *s;
+    };
+    auto sQ = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQ{});
+    };
+    auto sDo = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQ{});
+    };
+    auto sQt = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQt{});
+    };
+    auto sDot = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQt{});
+    };
+    auto sK = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutK{});
+    };
+    auto sV = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().v.data()), typename Traits::SmemLayoutK{});
+    };
+    auto sKt = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutKt{});
+    };
+    auto sDs = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDs{});
+    };
+    auto sDsT = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDsT{});
+    };
+    auto sDq = [&] {
+      return make_tensor(
+          make_smem_ptr(fresh_smem().dq.data()),
+          Layout<Shape<BlockM, HeadDim, _2>, Stride<HeadDim, _1, Int<kBlockM * Traits::kHeadDim>>>{});
+    };
+
+    // S^T = K Q^T, dP^T = V dO^T: A (MMA, M, K) from K, V; B (MMA, N, K, stage) from Q, dO.
+    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+    Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+    Tensor s_rc = make_tensor(tSrS.data(), common::rowcol_layout(tSrS.layout()));
+    Tensor dp_rc = make_tensor(tSrDp.data(), common::rowcol_layout(tSrDp.layout()));
+    // P^T and dS^T in the input dtype, as the A operands of dV += P^T dO and dK += dS^T Q.
+    Tensor tPrP = make_tensor_like<Element>(tSrS);
+    Tensor tPrP_a = make_tensor(tPrP.data(), common::acc_as_a_operand_layout(tPrP.layout()));
+    Tensor tDsrDs = make_tensor_like<Element>(tSrS);
+    Tensor tDsrDs_a = make_tensor(tDsrDs.data(), common::acc_as_a_operand_layout(tDsrDs.layout()));
+    // dV, dK: B (MMA, N, K, stage) from dO^T and Q^T; fp32 accumulators for the whole tile.
+    Tensor tDVrDV = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
+    Tensor tDKrDK = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
+    // dQ = dS K: A (MMA, M, K, buffer) from dS, B (MMA, N, K) from K^T; the partial goes to a dQ stage.
+    Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
+
+    const AccumulatorCoords coords(thread);
+    constexpr int kRows = decltype(size<0>(s_rc))::value;  // 2
+    constexpr int kCols = decltype(size<1>(s_rc))::value;  // 16: query rows of the Q block
+    const int lane = thread % 32;
+    uint32_t uses = 0, dq_uses = 0;
+    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
+
+    // Hands a dQ stage to the writer: the targets (thread 0) and the partial, made visible to
+    // the bulk copy's async proxy before the arrival.
+    auto wait_dq_stage = [&](uint32_t stage) {
+      if (dq_uses >= 2) EmptyBarrier::wait(&smem.dq_empty[stage], ((dq_uses / 2) - 1) & 1);
+    };
+    auto publish_dq_stage = [&](uint32_t stage) {
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (lane == 0) EmptyBarrier::arrive(&smem.dq_full[stage]);
+      ++dq_uses;
+    };
+
+    for (uint32_t round = 0;; ++round) {
+      const uint32_t slot = round % kSlots;
+      EmptyBarrier::wait(&smem.tile_full[slot], (round / kSlots) & 1);
+      if (!smem.has_tile[slot]) {
+        const uint32_t stage = dq_uses % 2;
+        wait_dq_stage(stage);
+        if (thread == 0) smem.dq_target[stage].stop = 1;
+        publish_dq_stage(stage);
+        return;
+      }
+      const TileInfo t = smem.tile[slot];
+      EmptyBarrier::wait(&smem.kv_full, round & 1);
+      clear(tDVrDV);
+      clear(tDKrDK);
+      const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
+
+      for (int32_t h = t.kv_head * p.group; h < (t.kv_head + 1) * p.group; ++h) {
+        for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
+          const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1, ds_buf = uses % 2;
+          EmptyBarrier::wait(&smem.q_full[stage], phase);
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+              mma_sdp, thr_sdp.partition_fragment_A(sK()), thr_sdp.partition_fragment_B(sQ())(_, _, _, stage),
+              tSrS);
+          EmptyBarrier::wait(&smem.do_full[stage], phase);
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+              mma_sdp, thr_sdp.partition_fragment_A(sV()),
+              thr_sdp.partition_fragment_B(sDo())(_, _, _, stage), tSrDp);
+
+          // The lse and delta of the Q block's rows (this thread's columns) are read from shared
+          // memory where they are used: kept in registers they pushed the consumers into spills.
+          const int32_t row0 = m * kBlockM;
+          const int stat_skip = (t.q_start + row0) & 3;
+          const float* lse_c = smem.lse.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+          const float* delta_c = smem.delta.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+          // Whether every (row, key) pair of the block is visible and inside both sequences:
+          // then no mask arithmetic at all (the bulk of a long sequence's blocks).
+          const int32_t row_last = row0 + kBlockM - 1, key_last = key0 + kBlockN - 1;
+          const bool full_block = row_last < t.len_q && key_last < t.len_kv &&
+                                  p.mask.key_range(row_last, t.len_q, t.len_kv).lo <= key0 &&
+                                  p.mask.key_range(row0, t.len_q, t.len_kv).hi >= key_last;
+
+          warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+          warpgroup_fence_operand(tSrS);
+          if (full_block) {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+              for (int c = 0; c < kCols; ++c)
+                s_rc(r, c) =
+                    exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
+          } else {
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+              const int32_t i = row0 + coords.col(c);
+              const IndexRange keys = p.mask.key_range(i, t.len_q, t.len_kv);
+              const bool row_in = i < t.len_q;
+              const float lse = lse_c[AccumulatorCoords::col_offset(c)];
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) {
+                const int32_t j = key0 + coords.row(r);
+                const bool visible = row_in && j >= keys.lo && j <= keys.hi;
+                s_rc(r, c) = visible ? exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse)) : 0.f;
+              }
+            }
+          }
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrDp);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < kCols; ++c)
+              dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
+#pragma unroll
+          for (int e = 0; e < size(tSrS); ++e) {
+            tPrP(e) = static_cast<Element>(tSrS(e));
+            tDsrDs(e) = static_cast<Element>(tSrDp(e));
+          }
+          // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys). The
+          // swizzled addresses are derived here from a thread index read afresh: computed once
+          // before the loop, they stayed live across it and spilled.
+          {
+            Tensor tSsDs = mma_sdp.get_thread_slice(fresh_consumer_thread()).partition_C(sDsT());
+            copy(tDsrDs, tSsDs(_, _, _, ds_buf));
+          }
+          cutlass::arch::fence_view_async_shared();
+          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+              mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+              mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
+          cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
+          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+              mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf), thr_dq.partition_fragment_B(sKt()),
+              tDQrDQ);
+          warpgroup_wait<1>();  // dV and dK are done: Q and dO of the stage are free
+          warpgroup_fence_operand(tDVrDV);
+          warpgroup_fence_operand(tDKrDK);
+          warpgroup_fence_operand(tPrP);
+          warpgroup_fence_operand(tDsrDs);
+          __syncwarp();
+          if (lane == 0) {
+            EmptyBarrier::arrive(&smem.q_empty[stage]);
+            EmptyBarrier::arrive(&smem.do_empty[stage]);
+          }
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tDQrDQ);
+
+          const uint32_t dq_stage = dq_uses % 2;
+          wait_dq_stage(dq_stage);
+          {
+            Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq());
+            copy(tDQrDQ, tDQsDQ(_, _, _, dq_stage));
+          }
+          if (thread == 0) {
+            DqTarget target{};
+            target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
+            if (p.dq_sems != nullptr) {
+              // The KV blocks that see this Q block add in descending order: this one's turn
+              // comes after those above it.
+              const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
+              target.sem = h * p.total_q + t.q_start + row0;
+              target.sem_turn = static_cast<int32_t>(n.hi) - t.n_block;
+            }
+            smem.dq_target[dq_stage] = target;
+          }
+          publish_dq_stage(dq_stage);
+          ++uses;
+        }
+      }
+      // The tile's last dQ GEMM has read K: the loader may bring the next tile's K and V.
+      __syncwarp();
+      if (lane == 0) EmptyBarrier::arrive(&smem.kv_empty);
+      store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, thread);
+      __syncwarp();
+      if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);
+    }
+  }
+};
+
+}  // namespace jagflash::kernels::bwd

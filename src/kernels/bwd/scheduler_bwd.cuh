@@ -1,0 +1,49 @@
+// The backward's tiles: (sequence, KV block, KV head) from the plan built over the KV side
+// (schedule/plan_device with the roles of q and kv swapped), taken through an atomic counter
+// or by a static rule, decoded with the Q blocks that see the KV block.
+#pragma once
+
+#include "kernels/bwd/kernel_traits_bwd.cuh"
+
+#include <cstdint>
+
+namespace jagflash::kernels::bwd {
+
+// Plan tile `tile` = position x heads_kv + kv head: a sequence's KV blocks are adjacent in the
+// plan, last block first, and every KV head of a block follows it (heads innermost), so for one
+// (sequence, head) the tiles come in descending KV-block order: the order the deterministic
+// mode adds their dQ partials in (a tile only ever waits for tiles taken before it).
+template <class Traits>
+__device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
+  TileInfo t;
+  const int32_t pos = tile / p.num_heads_kv;
+  const int32_t pair = p.sorted_pairs[pos];
+  t.batch = p.pair_batch[pair];
+  t.n_block = p.pair_block[pair];
+  t.kv_head = tile - pos * p.num_heads_kv;
+  t.q_start = p.q_offsets[t.batch];
+  t.kv_start = p.kv_offsets[t.batch];
+  t.len_q = p.q_offsets[t.batch + 1] - t.q_start;
+  t.len_kv = p.kv_offsets[t.batch + 1] - t.kv_start;
+  const IndexRange m =
+      p.mask.q_blocks_of_kv_block(t.n_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
+  t.m_lo = static_cast<int32_t>(m.lo);
+  t.m_hi = static_cast<int32_t>(m.hi);
+  return t;
+}
+
+// The round-th tile of this CTA under the chosen schedule (past the end: no more work).
+template <class Traits>
+__device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round) {
+  const int32_t ctas = static_cast<int32_t>(gridDim.x), cta = static_cast<int32_t>(blockIdx.x);
+  switch (p.schedule) {
+    case Schedule::kZigzag:
+      return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+    case Schedule::kGrid:
+      return round == 0 ? cta : INT32_MAX;
+    default:
+      return atomicAdd(p.tile_counter, 1);
+  }
+}
+
+}  // namespace jagflash::kernels::bwd

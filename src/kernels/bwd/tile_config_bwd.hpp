@@ -1,0 +1,48 @@
+// Tile shapes of the Hopper backward kernel, chosen in one place.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+namespace jagflash::kernels::bwd {
+
+// A CTA owns one tile: kBlockN = 128 keys of one KV head (K and V stay in shared memory) and
+// loops over the Q blocks of kBlockM = 64 query rows that see them, for every query head of the
+// KV head's group. Two consumer warpgroups own 64 keys each: with the swapped products
+// S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows per warpgroup), P^T and dS^T are already the
+// register A operands of dV += P^T dO and dK += dS^T Q, and dK, dV (64 x D fp32 each) stay in
+// registers across the whole loop. dQ = dS K needs every key of the tile: dS goes through shared
+// memory and the two warpgroups split dQ's head dim.
+// Q with its lse and dO with its delta come through a kStages ring; dS is double-buffered (a
+// warpgroup may write the next block's dS while the other still reads this one in its dQ GEMM);
+// dQ's fp32 partials go through kDqStages shared-memory stages to the dQ writer's bulk reduce-add.
+template <class Element_, int kHeadDim_>
+struct TileConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kStages = 2;
+  static constexpr int kDsBuffers = 2;
+  static constexpr int kDqStages = 2;
+
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kKBytes = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kDsBytes = kBlockM * kBlockN * int(sizeof(Element));
+  static constexpr int kDqBytes = kBlockM * kHeadDim * int(sizeof(float));
+
+  // setmaxnreg: the producer warpgroup (one loading thread, one dQ-writer thread) keeps 24, the
+  // consumers get 240: 24 x 128 + 240 x 256 = 168 x 384, the pool the CTA starts with (the
+  // launch bound's 168 registers a thread). A request past the pool never completes.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward serves head dims 64 and 128");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 168 * kThreads,
+                "the CTA's register pool");
+};
+
+}  // namespace jagflash::kernels::bwd
