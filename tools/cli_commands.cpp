@@ -370,12 +370,15 @@ int bench(const Options& o) {
       o.distributions.empty() ? gen::distribution_names() : o.distributions;
   const char* schedule = std::getenv("JAGFLASH_FWD_SCHEDULE");
   const char* ping_pong = std::getenv("JAGFLASH_FWD_PINGPONG");
+  const char* bwd_schedule = std::getenv("JAGFLASH_BWD_SCHEDULE");
+  const bool hopper_bwd = (o.dtype == "bf16" || o.dtype == "fp16") && (o.head_dim == 64 || o.head_dim == 128);
   std::printf(
       "jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; default GPU path: forward = "
-      "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = GPU oracle (fp32, no "
-      "tensor cores)\n",
+      "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = %s (schedule=%s)\n",
       jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
-      schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0");
+      schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0",
+      hopper_bwd ? "Hopper kernel on compute capability 9.0" : "GPU oracle (fp32, no tensor cores)",
+      bwd_schedule ? bwd_schedule : "dynamic");
   std::printf(
       "| dist | mask | B | tokens | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s "
       "|\n|---|---|---|---|---|---|---|---|\n");

@@ -229,7 +229,9 @@ struct Consumer {
         publish_dq_stage(stage);
         return;
       }
-      const TileInfo t = smem.tile[slot];
+      // The tile is read from its slot where it is used (the slot stays valid until this tile's
+      // tile_empty arrival): kept in registers across the loop, its fields spilled.
+      const TileInfo& t = smem.tile[slot];
       EmptyBarrier::wait(&smem.kv_full, round & 1);
       clear(tDVrDV);
       clear(tDKrDK);
