@@ -67,9 +67,9 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
 // onegiant's 16384-token sequence, measured on the H200).
 __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                   int tile_m, int tile_n, int batch_bits, int64_t max_pairs,
-                                  const int32_t* error_flag, const int32_t* pair_offset,
-                                  const int32_t* num_pairs, int32_t* pair_batch, int32_t* pair_block,
-                                  uint64_t* keys, int32_t* vals) {
+                                  bool first_block_first, const int32_t* error_flag,
+                                  const int32_t* pair_offset, const int32_t* num_pairs, int32_t* pair_batch,
+                                  int32_t* pair_block, uint64_t* keys, int32_t* vals) {
   if (*error_flag) return;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int32_t pairs = *num_pairs;
@@ -83,7 +83,8 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
     const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
     const int32_t q_blocks = (lq + tile_m - 1) / tile_m;
     pair_batch[i] = b;
-    pair_block[i] = q_blocks - 1 - (static_cast<int32_t>(i) - pair_offset[b]);
+    const int32_t pos = static_cast<int32_t>(i) - pair_offset[b];
+    pair_block[i] = first_block_first ? pos : q_blocks - 1 - pos;
     const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
     keys[i] = ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
   }
@@ -140,7 +141,8 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
 
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
-                               PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {
+                               PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream,
+                               bool first_block_first) {
   count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key,
                                                      key, at<int32_t>(workspace, l.pair_offset),
                                                      at<int32_t>(workspace, l.num_pairs));
@@ -149,8 +151,8 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
   const int fill_blocks =
       static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
   fill_pairs_kernel<<<fill_blocks, 256, 0, stream>>>(
-      q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.max_pairs, error_flag,
-      at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs),
+      q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.max_pairs, first_block_first,
+      error_flag, at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs),
       at<int32_t>(workspace, l.pair_batch), at<int32_t>(workspace, l.pair_block),
       at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
   err = cudaGetLastError();

@@ -42,10 +42,13 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& layout);
 
 // Builds the plan and stores `key` at `stored_key` (skipped entirely when *error_flag is set by
 // the offsets check, and the stored key is then cleared: no later call may reuse the plan).
+// A sequence's blocks come last to first (the forward: under causal its last q blocks are the
+// costliest), or with first_block_first first to last (the backward, whose "q blocks" are KV
+// blocks: under causal its first KV blocks are seen by the most queries).
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
                                PlanKey key, void* workspace, const DevicePlanLayout& layout,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool first_block_first = false);
 
 // Resets the tile counter: each launch of the persistent kernel starts from the first tile.
 cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);

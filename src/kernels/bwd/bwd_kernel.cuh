@@ -30,8 +30,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       EmptyBarrier::init(&smem.tile_full[s], 1);
       EmptyBarrier::init(&smem.tile_empty[s], kConsumerWarps);
     }
-    FullBarrier::init(&smem.kv_full, 1);
-    EmptyBarrier::init(&smem.kv_empty, kConsumerWarps);
+    FullBarrier::init(&smem.k_full, 1);
+    EmptyBarrier::init(&smem.k_empty, kConsumerWarps);
+    FullBarrier::init(&smem.v_full, 1);
+    EmptyBarrier::init(&smem.v_empty, kConsumerWarps);
     for (int s = 0; s < Config::kStages; ++s) {
       FullBarrier::init(&smem.q_full[s], 1);
       EmptyBarrier::init(&smem.q_empty[s], kConsumerWarps);
@@ -53,6 +55,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
       Loader<Traits>::run(p, smem);
     } else if (threadIdx.x == 32) {
       DqWriter<Traits>::run(p, smem);

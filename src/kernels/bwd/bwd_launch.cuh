@@ -92,7 +92,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     err = launch.build_plan
               ? schedule::build_forward_plan(pb.kv_offsets, pb.q_offsets, pb.batch_size, Config::kBlockN,
                                              Config::kBlockM, launch.error_flag, launch.plan_key, key,
-                                             launch.workspace, launch.plan, stream)
+                                             launch.workspace, launch.plan, stream,
+                                             /*first_block_first=*/true)
               : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
     if (err != cudaSuccess) return err;
 
@@ -117,7 +118,12 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.dk_head_stride = a.dk.head_stride;
     p.dv_row_stride = a.dv.row_stride;
     p.dv_head_stride = a.dv.head_stride;
-    p.dq_accum = launch.dq_accum;
+    p.dq_total_rows = static_cast<int32_t>(heads * launch.dq_rows);
+    p.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{},
+                             make_tensor(make_gmem_ptr(launch.dq_accum),
+                                         make_layout(make_shape(p.dq_total_rows, typename Traits::HeadDim{}),
+                                                     make_stride(static_cast<int64_t>(kHeadDim), _1{}))),
+                             typename Traits::SmemLayoutDqStage{});
     p.dq_rows = launch.dq_rows;
     p.dq_sems = launch.dq_sems;
     p.q_offsets = pb.q_offsets;

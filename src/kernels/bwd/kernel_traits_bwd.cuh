@@ -86,6 +86,19 @@ struct KernelTraits {
   using TmaK = decltype(make_tma_copy(
       SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}),
       SmemLayoutK{}));
+  // dQ partials in fp32, two stages, 128-byte swizzled (8 rows x 32 floats an atom): a warp's
+  // accumulator stores (8 rows x 32 bytes) hit every bank twice, where a plain row-major stage
+  // put the 8 rows on the same 8 banks. The TMA reduce-add unswizzles on the way to the
+  // accumulator [rows = H x dq_rows][D].
+  using SmemLayoutDqStage =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HeadDim>{}));
+  using SmemLayoutDq =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HeadDim, _2>{}));
+  using DqGmemLayout = Layout<Shape<int32_t, HeadDim>, Stride<int64_t, _1>>;
+  using TmaDq = decltype(make_tma_copy(
+      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), DqGmemLayout{}),
+      SmemLayoutDqStage{}));
+
   // lse (log2 units) and delta of a Q block: [heads][q_stride] fp32 in the workspace, brought by
   // a plain bulk copy (no tensor map) of kStatRows rows from the 16-byte aligned row at or before
   // the block's first row: the consumers read from (first row % 4) on.
@@ -126,8 +139,7 @@ struct SharedStorage {
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> dout;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutDs>, 1024> ds;
-  // dQ partials in fp32, row-major [64][D]: the bulk reduce-add copies a stage as one block.
-  cute::array_aligned<float, Traits::kBlockM * Traits::kHeadDim * 2, 128> dq;
+  cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutDq>, 1024> dq;  // dQ stages
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> lse;
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> delta;
   DqTarget dq_target[2];
@@ -136,8 +148,10 @@ struct SharedStorage {
   int32_t has_tile[kTileSlots];
   uint64_t tile_full[kTileSlots];    // loader -> consumers: the slot holds the next tile
   uint64_t tile_empty[kTileSlots];   // consumers -> loader: the tile is done
-  uint64_t kv_full;                  // K and V of the tile landed
-  uint64_t kv_empty;                 // the consumers are done with K and V
+  uint64_t k_full;                   // K of the tile landed
+  uint64_t k_empty;                  // the consumers are done with K (the tile's last dQ GEMM)
+  uint64_t v_full;                   // V of the tile landed
+  uint64_t v_empty;                  // the consumers are done with V (the tile's last dP GEMM)
   uint64_t q_full[Traits::kStages];  // Q and lse of a Q block
   uint64_t q_empty[Traits::kStages];
   uint64_t do_full[Traits::kStages];  // dO and delta
@@ -163,7 +177,8 @@ struct Params {
   typename Traits::Element* dk;
   typename Traits::Element* dv;
   int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
-  float* dq_accum;  // [heads][dq_rows][D] fp32
+  typename Traits::TmaDq tma_dq;  // reduce-add into the accumulator [heads x dq_rows][D] fp32
+  int32_t dq_total_rows;          // heads x dq_rows
   int64_t dq_rows;
   int32_t* dq_sems;  // deterministic mode: [heads][total_q], else null
   const int32_t* q_offsets;

@@ -77,8 +77,9 @@ struct Loader {
       EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
       if (!has_tile) return;
 
-      // K and V of the tile, once (the consumers free them after the tile's last dQ GEMM).
-      if (round > 0) EmptyBarrier::wait(&smem.kv_empty, (round - 1) & 1);
+      // K and V of the tile, once, issued right after the tile's first Q block: the first Q and
+      // dO then load while the consumers finish the previous tile, and V (freed after the
+      // previous tile's last dP GEMM) and K (after its last dQ GEMM) while they store its dK, dV.
       Tensor gK = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mK(_, _, t.kv_head)),
                              Shape<BlockN, HeadDim>{}, make_coord(t.n_block, _0{}));
       Tensor gV = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mV(_, _, t.kv_head)),
@@ -87,9 +88,16 @@ struct Loader {
           tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto v_parts =
           tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      FullBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKBytes);
-      copy(p.tma_k.with(smem.kv_full), get<0>(k_parts), get<1>(k_parts));
-      copy(p.tma_v.with(smem.kv_full), get<0>(v_parts), get<1>(v_parts));
+      bool kv_issued = false;
+      auto issue_kv = [&] {
+        if (round > 0) EmptyBarrier::wait(&smem.v_empty, (round - 1) & 1);
+        FullBarrier::arrive_and_expect_tx(&smem.v_full, Traits::kKBytes);
+        copy(p.tma_v.with(smem.v_full), get<0>(v_parts), get<1>(v_parts));
+        if (round > 0) EmptyBarrier::wait(&smem.k_empty, (round - 1) & 1);
+        FullBarrier::arrive_and_expect_tx(&smem.k_full, Traits::kKBytes);
+        copy(p.tma_k.with(smem.k_full), get<0>(k_parts), get<1>(k_parts));
+        kv_issued = true;
+      };
 
       // Rows are addressed from the sequence's first token: a Q block past the sequence's end
       // reads the next sequence's rows (masked by the consumers) or zeros past the tensor.
@@ -112,6 +120,7 @@ struct Loader {
           const int64_t stat_row = int64_t(h) * p.q_stride + ((t.q_start + m * Traits::kBlockM) & ~3);
           bulk_copy_g2s(smem.lse.data() + stage * Traits::kStatRows, p.lse_log2 + stat_row,
                         Traits::kStatBytes, &smem.q_full[stage]);
+          if (!kv_issued) issue_kv();
           if (round_q > 0) EmptyBarrier::wait(&smem.do_empty[stage], (round_q - 1) & 1);
           FullBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_do.with(smem.do_full[stage]), get<0>(do_parts)(_, m), get<1>(do_parts)(_, stage));
@@ -120,6 +129,7 @@ struct Loader {
           ++uses;
         }
       }
+      if (!kv_issued) issue_kv();  // a tile no query sees still takes (and frees) its K and V
     }
   }
 };
@@ -175,14 +185,6 @@ struct Consumer {
     auto sDs = [&] {
       return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDs{});
     };
-    auto sDsT = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDsT{});
-    };
-    auto sDq = [&] {
-      return make_tensor(
-          make_smem_ptr(fresh_smem().dq.data()),
-          Layout<Shape<BlockM, HeadDim, _2>, Stride<HeadDim, _1, Int<kBlockM * Traits::kHeadDim>>>{});
-    };
 
     // S^T = K Q^T, dP^T = V dO^T: A (MMA, M, K) from K, V; B (MMA, N, K, stage) from Q, dO.
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -232,7 +234,8 @@ struct Consumer {
       // The tile is read from its slot where it is used (the slot stays valid until this tile's
       // tile_empty arrival): kept in registers across the loop, its fields spilled.
       const TileInfo& t = smem.tile[slot];
-      EmptyBarrier::wait(&smem.kv_full, round & 1);
+      EmptyBarrier::wait(&smem.k_full, round & 1);
+      EmptyBarrier::wait(&smem.v_full, round & 1);
       clear(tDVrDV);
       clear(tDKrDK);
       const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
@@ -288,6 +291,10 @@ struct Consumer {
           }
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrDp);
+          if (m == t.m_hi && h == (t.kv_head + 1) * p.group - 1) {
+            __syncwarp();  // the tile's last dP GEMM has read V: the next tile's may load
+            if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
+          }
 #pragma unroll
           for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -300,9 +307,12 @@ struct Consumer {
           }
           // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys). The
           // swizzled addresses are derived here from a thread index read afresh: computed once
-          // before the loop, they stayed live across it and spilled.
+          // before the loop, they stayed live across it and spilled. (The base is the plain
+          // shared pointer, not fresh_smem's: through that the compiler loses the address space
+          // and emits generic stores.)
           {
-            Tensor tSsDs = mma_sdp.get_thread_slice(fresh_consumer_thread()).partition_C(sDsT());
+            Tensor sDsT_stores = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDsT{});
+            Tensor tSsDs = mma_sdp.get_thread_slice(fresh_consumer_thread()).partition_C(sDsT_stores);
             copy(tDsrDs, tSsDs(_, _, _, ds_buf));
           }
           cutlass::arch::fence_view_async_shared();
@@ -330,18 +340,19 @@ struct Consumer {
           const uint32_t dq_stage = dq_uses % 2;
           wait_dq_stage(dq_stage);
           {
-            Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq());
+            Tensor sDq_stores = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
+            Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq_stores);
             copy(tDQrDQ, tDQsDQ(_, _, _, dq_stage));
           }
           if (thread == 0) {
             DqTarget target{};
             target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
             if (p.dq_sems != nullptr) {
-              // The KV blocks that see this Q block add in descending order: this one's turn
-              // comes after those above it.
+              // The KV blocks that see this Q block add in ascending order (the plan's): this
+              // one's turn comes after those below it.
               const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
               target.sem = h * p.total_q + t.q_start + row0;
-              target.sem_turn = static_cast<int32_t>(n.hi) - t.n_block;
+              target.sem_turn = t.n_block - static_cast<int32_t>(n.lo);
             }
             smem.dq_target[dq_stage] = target;
           }
@@ -349,9 +360,13 @@ struct Consumer {
           ++uses;
         }
       }
-      // The tile's last dQ GEMM has read K: the loader may bring the next tile's K and V.
+      // The tile's last dQ GEMM has read K (and its last dP GEMM V, freed there unless the tile
+      // had no Q block): the loader may bring the next tile's.
       __syncwarp();
-      if (lane == 0) EmptyBarrier::arrive(&smem.kv_empty);
+      if (lane == 0) {
+        if (t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
+        EmptyBarrier::arrive(&smem.k_empty);
+      }
       store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, thread);
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);

@@ -10,8 +10,9 @@
 namespace jagflash::kernels::bwd {
 
 // Plan tile `tile` = position x heads_kv + kv head: a sequence's KV blocks are adjacent in the
-// plan, last block first, and every KV head of a block follows it (heads innermost), so for one
-// (sequence, head) the tiles come in descending KV-block order: the order the deterministic
+// plan, first block first (under causal the first KV blocks are seen by the most Q blocks: the
+// longest tiles start first), and every KV head of a block follows it (heads innermost), so for
+// one (sequence, head) the tiles come in ascending KV-block order: the order the deterministic
 // mode adds their dQ partials in (a tile only ever waits for tiles taken before it).
 template <class Traits>
 __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
