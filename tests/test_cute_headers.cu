@@ -42,8 +42,8 @@ void expect_coords_match(TileShape tile) {
   for (int t : {0, 1, 5, 31, 37, 100, 127, 128, 131, 200, 255}) {
     auto thr = mma.get_thread_slice(t);
     Tensor c = thr.partition_C(make_identity_tensor(tile));
-    Tensor rc = make_tensor(c.data(), jagflash::kernels::fwd::rowcol_layout(c.layout()));
-    const jagflash::kernels::fwd::AccumulatorCoords coords(t);
+    Tensor rc = make_tensor(c.data(), jagflash::kernels::common::rowcol_layout(c.layout()));
+    const jagflash::kernels::common::AccumulatorCoords coords(t);
     for (int r = 0; r < size<0>(rc); ++r)
       for (int col = 0; col < size<1>(rc); ++col) {
         ASSERT_EQ(get<0>(rc(r, col)), coords.row(r)) << "thread " << t << " r " << r << " c " << col;

@@ -6,21 +6,11 @@
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/softmax.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 namespace jagflash::kernels::fwd {
 
 using namespace cute;
 
-__device__ __forceinline__ uint32_t pack2(cutlass::bfloat16_t, float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return reinterpret_cast<const uint32_t&>(v);
-}
-__device__ __forceinline__ uint32_t pack2(cutlass::half_t, float a, float b) {
-  const __half2 v = __floats2half2_rn(a, b);
-  return reinterpret_cast<const uint32_t&>(v);
-}
+using common::pack2;  // kernels/common/accumulator.cuh
 
 // O goes registers -> shared memory (one 32-bit store per column pair) -> global memory in
 // 16-byte row chunks, so the global stores are full-width and coalesced whatever the

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/mask.hpp"
+#include "kernels/common/barriers.cuh"
 #include "kernels/fwd/tile_config.hpp"
 #include "kernels/fwd/variants.hpp"
 #include "schedule/plan.hpp"
@@ -19,9 +20,9 @@
 namespace jagflash::kernels::fwd {
 
 using namespace cute;
-// The pipelines' mbarriers: a full barrier also counts the bytes its TMA loads deliver.
-using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
-using EmptyBarrier = cutlass::arch::ClusterBarrier;
+// The pipelines' mbarriers (kernels/common/barriers.cuh, shared with the backward).
+using common::EmptyBarrier;
+using common::FullBarrier;
 
 template <class Config>
 struct KernelTraits {

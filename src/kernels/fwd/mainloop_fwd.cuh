@@ -7,6 +7,7 @@
 //    online softmax, O += P V, then the epilogue.
 #pragma once
 
+#include "kernels/common/warpgroup_gemm.cuh"
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/scheduler_fwd.cuh"
@@ -20,29 +21,7 @@ namespace jagflash::kernels::fwd {
 
 using namespace cute;
 
-// Issues a whole warpgroup GEMM over the K blocks of its operands as one wgmma batch.
-// kARegisters: A is a register fragment (P), which must be fenced like the accumulator.
-// kWait: wait for the batch here; otherwise the caller waits with warpgroup_wait<N>() and then
-// fences the accumulator before touching it. kCommit = false leaves the commit to the caller.
-template <bool kZeroInit, bool kARegisters, bool kWait, bool kCommit = true, class TiledMma, class TA,
-          class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& c) {
-  if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  if constexpr (kCommit) warpgroup_commit_batch();
-  if constexpr (kWait) {
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(c);
-    if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TA&>(a));
-  }
-}
+using common::warpgroup_gemm;  // kernels/common/warpgroup_gemm.cuh, shared with the backward
 
 // Copies this thread's part of the Q tile in shared memory (one buffer) into the A-operand
 // registers of S = Q K^T (kQInRegisters): ldmatrix reads the swizzled tile in the wgmma's
