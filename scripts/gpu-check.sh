@@ -3,7 +3,8 @@
 # `jagflash check` on the five distributions, `jagflash run` and `jagflash bench`; logs go to
 # $OUT (or ./gpu-logs), bundled into gpu-check-logs.tar.gz at the end; a short table is printed last.
 #   usage: scripts/gpu-check.sh [build-dir]      (set QUICK=1 to skip check/bench)
-#   SANITIZE=1 adds compute-sanitizer; VARIANTS=1 benches schedule x ping-pong (VARIANT_SCHEDULES
+#   SANITIZE=1 adds compute-sanitizer; BWD_VARIANTS=1 benches the backward's schedules and its
+#   deterministic mode; VARIANTS=1 benches schedule x ping-pong (VARIANT_SCHEDULES
 #   narrows the schedules, e.g. "dynamic").
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,6 +76,22 @@ if [ "${VARIANTS:-0}" = 1 ]; then
     done
   done
   step "variants table" variants_done.log "$limit" cat "$out/variants.log"
+fi
+if [ "${BWD_VARIANTS:-0}" = 1 ]; then
+  # Backward variants side by side (bench/NOTES.md): the three schedules, and the deterministic
+  # mode under the default one; both masks, D = 128 and 64. Rows: | variant | dist | mask | ... |
+  : >"$out/bwd_variants.log"
+  for hd in 128 64; do
+    for mask in "" --causal; do
+      for v in dynamic zigzag grid deterministic; do
+        sched=$v flag=""
+        [ "$v" = deterministic ] && { sched=dynamic; flag=--deterministic; }
+        JAGFLASH_BWD_SCHEDULE=$sched timeout 120 "$cli" bench --iters 5 --warmup 1 --head-dim "$hd" $mask $flag \
+          | grep '^| [a-z]' | sed "s/^/| $v | D=$hd /" >>"$out/bwd_variants.log"
+      done
+    done
+  done
+  step "backward variants table" bwd_variants_done.log "$limit" cat "$out/bwd_variants.log"
 fi
 
 echo "==== logs in $out"

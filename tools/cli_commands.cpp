@@ -386,6 +386,7 @@ int bench(const Options& o) {
     GpuBatch g = testing::make_gpu_batch(spec_for(o, gen::generate_lengths(name, o.seed)));
     jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
     jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    ba.launch.deterministic = o.deterministic ? 1 : 0;
     // The longest sequence, as a caller with FlashAttention's max_seqlen passes it (the peers in
     // bench/compare.py get it too); --no-max-seqlen-hint leaves it unknown.
     if (o.max_seqlen_hint) {

@@ -13,6 +13,7 @@ struct Options {
   bool cpu = false;                        // run: force the CPU reference path
   bool causal = false;
   bool forward_only = false;                // bench: skip the backward
+  bool deterministic = false;               // bench: the backward in deterministic mode
   int window_left = -1, window_right = -1;  // --window L,R
   bool window = false;
   std::string dtype = "bf16";

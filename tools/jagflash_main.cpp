@@ -35,6 +35,7 @@ options:
                           for bench, gemskew for check)
   --causal                causal mask (bottom-right aligned)
   --fwd-only              bench: time the forward only
+  --deterministic         bench: the backward in deterministic mode (bitwise-reproducible dq)
   --window L,R            sliding window, -1 = unbounded
   --dtype bf16|fp16|fp32  (default bf16)
   --head-dim 64|128|256   (default 128)
@@ -94,6 +95,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
       o.causal = true;
     } else if (a == "--fwd-only") {
       o.forward_only = true;
+    } else if (a == "--deterministic") {
+      o.deterministic = true;
     } else if (a == "--window") {
       const std::string v = value();
       const size_t comma = v.find(',');

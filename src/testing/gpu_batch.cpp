@@ -163,12 +163,14 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   fill_uniform(g.v_view, s.dtype, s.seed * 4 + 2, -s.input_range, s.input_range);
   fill_uniform(g.dout_view, s.dtype, s.seed * 4 + 3, -s.input_range, s.input_range);
   poison_outputs(g);
-  size_t fwd_bytes = 0, bwd_bytes = 0;
+  size_t fwd_bytes = 0, bwd_bytes = 0, bwd_det_bytes = 0;
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
-  const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+  jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
   check_status(jagflash_fwd_workspace_size(&fa, &fwd_bytes), "forward workspace size");
   check_status(jagflash_bwd_workspace_size(&ba, &bwd_bytes), "backward workspace size");
-  g.workspace = DeviceBuffer(std::max(fwd_bytes, bwd_bytes));
+  ba.launch.deterministic = 1;  // the deterministic backward needs more (its semaphores)
+  check_status(jagflash_bwd_workspace_size(&ba, &bwd_det_bytes), "backward workspace size");
+  g.workspace = DeviceBuffer(std::max({fwd_bytes, bwd_bytes, bwd_det_bytes}));
   cuda_check(cudaDeviceSynchronize(), "make_gpu_batch");
   return g;
 }

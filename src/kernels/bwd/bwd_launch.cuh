@@ -48,6 +48,9 @@ template <class Element, int kHeadDim>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
   using Config = TileConfig<Element, kHeadDim>;
   using Traits = KernelTraits<Config>;
+  // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
+  // dispatcher sizes the plan for this tile shape.
+  static_assert(Config::kBlockM == kBackwardBlockM && Config::kBlockN == kBackwardBlockN, "tile shape");
   const jf_problem& pb = a.problem;
   const int32_t heads = pb.q.heads;
   const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));

@@ -16,6 +16,7 @@
 #include <cute/tensor.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace jagflash::kernels::bwd {
 
@@ -72,11 +73,15 @@ struct KernelTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               WgAlongM{}));
-  // dQ = dS K: 64 rows x D over all 128 keys; the two warpgroups split the head dim.
+  // dQ = dS K: the Q block's rows x D over all 128 keys; the two warpgroups split the rows
+  // (128-row blocks) or the head dim (64-row blocks).
+  static constexpr bool kDqSplitRows = kBlockM == 128;
+  using DqWgLayout = std::conditional_t<kDqSplitRows, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>;
+  using DqAtomShape =
+      std::conditional_t<kDqSplitRows, Shape<_64, HeadDim, BlockN>, Shape<BlockM, Int<kHeadDim / 2>, BlockN>>;
   using TiledMmaDq = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float, DqAtomShape, GMMA::Major::MN, GMMA::Major::MN>(),
+      DqWgLayout{}));
 
   // Global tensors as TMA sees them: (rows, head dim, heads), strides from the caller.
   using GmemLayout = Layout<Shape<int32_t, HeadDim, int32_t>, Stride<int64_t, _1, int64_t>>;

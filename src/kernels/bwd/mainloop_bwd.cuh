@@ -267,28 +267,32 @@ struct Consumer {
 
           warpgroup_wait<1>();  // S^T is ready; dP^T may still run
           warpgroup_fence_operand(tSrS);
-          if (full_block) {
+          // A block with hidden pairs (a mask edge, a sequence's end) first sets their scores to
+          // -inf in place; every block then takes the same exp2 loop (exp2(-inf) = 0). A thread
+          // holds two keys (rows) of S^T: per key, the queries that see it (the mask policy's
+          // query_range, empty past the sequence's keys), relative to the thread's first column:
+          // two ranges a thread instead of one per column.
+          if (!full_block) {
+            const int32_t col0 = row0 + coords.col_base;
 #pragma unroll
-            for (int r = 0; r < kRows; ++r)
+            for (int r = 0; r < kRows; ++r) {
+              const int32_t j = key0 + coords.row(r);
+              const IndexRange queries =
+                  j < t.len_kv ? p.mask.query_range(j, t.len_q, t.len_kv) : IndexRange{0, -1};
+              const int32_t lo = static_cast<int32_t>(queries.lo) - col0;
+              const int32_t hi = static_cast<int32_t>(queries.hi) - col0;
 #pragma unroll
-              for (int c = 0; c < kCols; ++c)
-                s_rc(r, c) =
-                    exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
-          } else {
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) {
-              const int32_t i = row0 + coords.col(c);
-              const IndexRange keys = p.mask.key_range(i, t.len_q, t.len_kv);
-              const bool row_in = i < t.len_q;
-              const float lse = lse_c[AccumulatorCoords::col_offset(c)];
-#pragma unroll
-              for (int r = 0; r < kRows; ++r) {
-                const int32_t j = key0 + coords.row(r);
-                const bool visible = row_in && j >= keys.lo && j <= keys.hi;
-                s_rc(r, c) = visible ? exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse)) : 0.f;
+              for (int c = 0; c < kCols; ++c) {
+                const int off = AccumulatorCoords::col_offset(c);
+                if (off < lo || off > hi) s_rc(r, c) = -INFINITY;
               }
             }
           }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < kCols; ++c)
+              s_rc(r, c) = exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrDp);
           if (m == t.m_hi && h == (t.kv_head + 1) * p.group - 1) {
