@@ -320,47 +320,75 @@ struct Consumer {
             copy(tDsrDs, tSsDs(_, _, _, ds_buf));
           }
           cutlass::arch::fence_view_async_shared();
-          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-              mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
-          warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-              mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
-          cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
-          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-              mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf), thr_dq.partition_fragment_B(sKt()),
-              tDQrDQ);
-          warpgroup_wait<1>();  // dV and dK are done: Q and dO of the stage are free
-          warpgroup_fence_operand(tDVrDV);
-          warpgroup_fence_operand(tDKrDK);
-          warpgroup_fence_operand(tPrP);
-          warpgroup_fence_operand(tDsrDs);
-          __syncwarp();
-          if (lane == 0) {
-            EmptyBarrier::arrive(&smem.q_empty[stage]);
-            EmptyBarrier::arrive(&smem.do_empty[stage]);
-          }
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tDQrDQ);
-
-          const uint32_t dq_stage = dq_uses % 2;
-          wait_dq_stage(dq_stage);
-          {
-            Tensor sDq_stores = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
-            Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq_stores);
-            copy(tDQrDQ, tDQsDQ(_, _, _, dq_stage));
-          }
-          if (thread == 0) {
-            DqTarget target{};
-            target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
-            if (p.dq_sems != nullptr) {
-              // The KV blocks that see this Q block add in ascending order (the plan's): this
-              // one's turn comes after those below it.
-              const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
-              target.sem = h * p.total_q + t.q_start + row0;
-              target.sem_turn = t.n_block - static_cast<int32_t>(n.lo);
+          // This block's dQ partial into the next dQ stage, with where it goes.
+          auto store_dq = [&] {
+            const uint32_t dq_stage = dq_uses % 2;
+            wait_dq_stage(dq_stage);
+            {
+              Tensor sDq_stores = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
+              Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq_stores);
+              copy(tDQrDQ, tDQsDQ(_, _, _, dq_stage));
             }
-            smem.dq_target[dq_stage] = target;
+            if (thread == 0) {
+              DqTarget target{};
+              target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
+              if (p.dq_sems != nullptr) {
+                // The KV blocks that see this Q block add in ascending order (the plan's): this
+                // one's turn comes after those below it.
+                const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
+                target.sem = h * p.total_q + t.q_start + row0;
+                target.sem_turn = t.n_block - static_cast<int32_t>(n.lo);
+              }
+              smem.dq_target[dq_stage] = target;
+            }
+            publish_dq_stage(dq_stage);
+          };
+          auto issue_dq = [&] {
+            warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+                mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
+                thr_dq.partition_fragment_B(sKt()), tDQrDQ);
+          };
+          auto issue_dkdv = [&] {
+            warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+                mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+            warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+                mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
+          };
+          auto release_stage = [&] {  // dV and dK are done: Q and dO of the stage are free
+            warpgroup_fence_operand(tDVrDV);
+            warpgroup_fence_operand(tDKrDK);
+            warpgroup_fence_operand(tPrP);
+            warpgroup_fence_operand(tDsrDs);
+            __syncwarp();
+            if (lane == 0) {
+              EmptyBarrier::arrive(&smem.q_empty[stage]);
+              EmptyBarrier::arrive(&smem.do_empty[stage]);
+            }
+          };
+          if constexpr (Traits::kHeadDim == 64) {
+            // dQ first, then dV and dK: once dQ is done its partial goes to the dQ stage while dV
+            // and dK still run, so the tensor cores are not idle during the stage's stores (at
+            // D = 64 those stores are a large share of a block's time). At D = 128 this order
+            // made the consumers spill (three scalars), and dV, dK issued before the barrier
+            // hide the wait for the other warpgroup instead.
+            cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
+            issue_dq();
+            issue_dkdv();
+            warpgroup_wait<2>();  // dQ is done; dV and dK may still run
+            warpgroup_fence_operand(tDQrDQ);
+            store_dq();
+            warpgroup_wait<0>();
+            release_stage();
+          } else {
+            issue_dkdv();
+            cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
+            issue_dq();
+            warpgroup_wait<1>();
+            release_stage();
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tDQrDQ);
+            store_dq();
           }
-          publish_dq_stage(dq_stage);
           ++uses;
         }
       }
