@@ -359,6 +359,9 @@ struct Consumer {
             warpgroup_fence_operand(tDKrDK);
             warpgroup_fence_operand(tPrP);
             warpgroup_fence_operand(tDsrDs);
+            // The stage's lse and delta were read by ordinary loads and the next bulk copies
+            // (the async proxy) overwrite them: ordered by a proxy fence before the release.
+            cutlass::arch::fence_view_async_shared();
             __syncwarp();
             if (lane == 0) {
               EmptyBarrier::arrive(&smem.q_empty[stage]);
