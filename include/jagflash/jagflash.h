@@ -94,10 +94,10 @@ typedef struct jf_launch {
   jf_backend backend;
   /* Non-zero: `workspace` already holds the schedule an earlier call of the same direction built
    * for the same offsets, shapes, mask and max_seqlen_hint, so it is not built again (saves its
-   * kernels). The schedule's tiles follow the kernel variant those choose. The forward checks on
-   * the device that the workspace's schedule was built for this call's batch size, q/kv rows and
-   * variant; if not, it writes nothing and jagflash_read_device_error reports it. Offsets changed
-   * in place with the same batch size and totals are not detected. */
+   * kernels). The schedule's tiles follow the kernel variant those choose. Both directions check
+   * on the device that the workspace's schedule was built for this call's batch size, q/kv rows
+   * and variant; if not, the call writes nothing and jagflash_read_device_error reports it.
+   * Offsets changed in place with the same batch size and totals are not detected. */
   int32_t reuse_plan;
   /* 0 = unknown; otherwise an upper bound on every sequence's q and kv length (FlashAttention's
    * max_seqlen). A hint for choosing the forward's kernel variant: it changes speed, never

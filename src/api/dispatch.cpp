@@ -86,8 +86,7 @@ const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
 }
 
 WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
-  return WorkspaceLayout::backward_hopper(a.problem.q.heads, a.problem.q.rows, a.problem.q.head_dim,
-                                          a.launch.deterministic != 0);
+  return WorkspaceLayout::backward_hopper(a.problem.q.heads, a.problem.q.rows, a.problem.q.head_dim);
 }
 
 // The backward's plan: (sequence, KV block) pairs, built by the forward's plan builder with the

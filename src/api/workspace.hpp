@@ -35,15 +35,15 @@ struct WorkspaceLayout {
   // The Hopper backward: lse in log2 units and delta as [H][q_stride] (q_stride: total_q rounded
   // up to 4 rows, plus the 68 rows a Q block's bulk copy may read past the last), the fp32 dQ accumulator
   // [H][total_q + 64][D] (one Q block of slack: a block's reduce-add may run past the last row), the
-  // deterministic mode's semaphores [H][total_q], then the plan (from total_bytes on).
+  // deterministic mode's semaphores [H][total_q] (reserved in either mode), then the plan (from total_bytes
+  // on).
   size_t lse_log2_offset = 0;
   size_t dq_accum_offset = 0;
   size_t dq_sems_offset = 0;
   int64_t q_stride = 0;
   int64_t dq_rows = 0;
 
-  static WorkspaceLayout backward_hopper(int64_t num_heads, int64_t total_q, int64_t head_dim,
-                                         bool deterministic) {
+  static WorkspaceLayout backward_hopper(int64_t num_heads, int64_t total_q, int64_t head_dim) {
     WorkspaceLayout w;
     w.q_stride = (total_q + 3) / 4 * 4 + 72;
     w.dq_rows = total_q + 64;
@@ -54,9 +54,9 @@ struct WorkspaceLayout {
     w.dq_accum_offset = w.lse_log2_offset + stats;
     w.dq_sems_offset =
         w.dq_accum_offset + align_up(static_cast<size_t>(num_heads * w.dq_rows * head_dim) * sizeof(float));
-    w.total_bytes =
-        w.dq_sems_offset +
-        (deterministic ? align_up(static_cast<size_t>(num_heads * total_q) * sizeof(int32_t)) : 0);
+    // The semaphores are always reserved: a plan built by a call in one mode must be found by a
+    // call in the other (launch.reuse_plan), so the plan's place cannot depend on the mode.
+    w.total_bytes = w.dq_sems_offset + align_up(static_cast<size_t>(num_heads * total_q) * sizeof(int32_t));
     return w;
   }
   static WorkspaceLayout backward_gpu(int64_t num_heads, int64_t total_q) {
