@@ -648,3 +648,62 @@ TEST(GpuHopperBackward, AutoMatchesHopperBitwise) {
 
 }  // namespace
 }  // namespace jagflash
+
+namespace jagflash {
+namespace {
+
+// jf_launch.reuse_plan in the backward: a plan built by one call (either mode) serves the next
+// (same dk/dv bits, and dq in deterministic mode); a workspace whose plan was built for another
+// batch is refused on the device (nothing written, jagflash_read_device_error names reuse_plan).
+TEST(GpuHopperBackward, ReusedPlanAcrossModesAndMisuse) {
+  BatchSpec s;
+  s.len_q = {700, 5, 0, 129, 2000};
+  s.heads = 4;
+  s.heads_kv = 2;
+  s.head_dim = 128;
+  s.mask = JF_MASK_CAUSAL;
+  s.seed = 91;
+  GpuBatch g = testing::make_gpu_batch(s);
+  ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
+  jf_bwd_args built = bwd_args(g, JF_BACKEND_HOPPER, 1);
+  ASSERT_EQ(jagflash_bwd(&built), JF_OK) << jagflash_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<unsigned char> dq = to_host(g.dq), dk = to_host(g.dk), dv = to_host(g.dv);
+  ASSERT_FALSE(view_has_nan(dk, g.dk_view, s.dtype));
+  for (int det : {1, 0}) {  // the plan the deterministic call built, reused in both modes
+    SCOPED_TRACE("reused in deterministic=" + std::to_string(det));
+    poison_gradients(g);
+    jf_bwd_args reuse = bwd_args(g, JF_BACKEND_HOPPER, det);
+    reuse.launch.reuse_plan = 1;
+    ASSERT_EQ(jagflash_bwd(&reuse), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(jagflash_read_device_error(reuse.launch.workspace, nullptr), JF_OK) << jagflash_last_error();
+    EXPECT_TRUE(to_host(g.dk) == dk) << "dk with a reused plan";
+    EXPECT_TRUE(to_host(g.dv) == dv) << "dv with a reused plan";
+    if (det) {
+      EXPECT_TRUE(to_host(g.dq) == dq) << "dq with a reused plan (deterministic)";
+    }
+  }
+  // Another batch (one row fewer) in the same workspace, told to reuse: the plan key differs.
+  BatchSpec other = s;
+  other.len_q = {700, 5, 0, 129, 1999};
+  GpuBatch h = testing::make_gpu_batch(other);
+  ASSERT_EQ(forward(h), JF_OK) << jagflash_last_error();
+  jf_bwd_args misuse = bwd_args(h, JF_BACKEND_HOPPER, 0);
+  size_t bytes = 0;
+  ASSERT_EQ(jagflash_bwd_workspace_size(&misuse, &bytes), JF_OK);
+  ASSERT_LE(bytes, g.workspace.bytes());
+  misuse.launch.workspace = g.workspace.get();
+  misuse.launch.workspace_bytes = g.workspace.bytes();
+  misuse.launch.reuse_plan = 1;
+  poison_gradients(h);
+  ASSERT_EQ(jagflash_bwd(&misuse), JF_OK) << jagflash_last_error();
+  EXPECT_EQ(jagflash_read_device_error(misuse.launch.workspace, nullptr), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("launch.reuse_plan"), std::string::npos)
+      << jagflash_last_error();
+  EXPECT_TRUE(all_nan(h.dq, other.dtype)) << "dq written although the plan was refused";
+  EXPECT_TRUE(all_nan(h.dk, other.dtype)) << "dk written although the plan was refused";
+  EXPECT_TRUE(all_nan(h.dv, other.dtype)) << "dv written although the plan was refused";
+}
+
+}  // namespace
+}  // namespace jagflash

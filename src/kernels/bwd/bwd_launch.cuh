@@ -4,6 +4,7 @@
 
 #include "kernels/bwd/bwd_kernel.cuh"
 #include "kernels/bwd/prepost_bwd.cuh"
+#include "kernels/common/launch_common.cuh"
 #include "kernels/hopper_backward.hpp"
 
 #include <cmath>
@@ -11,14 +12,6 @@
 #include <cstring>
 
 namespace jagflash::kernels::bwd {
-
-inline int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 132;
-  return count;
-}
 
 // Benchmark knob, read once: JAGFLASH_BWD_SCHEDULE = dynamic (default) | zigzag | grid.
 inline Schedule schedule_knob() {
@@ -31,18 +24,8 @@ inline Schedule schedule_knob() {
   return s;
 }
 
-// A [rows, heads, head_dim] view as the TMA's (rows, head dim, heads) tensor; a tensor with no
-// rows borrows `fallback` (its descriptor is never loaded from).
-template <class Traits>
-auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
-  using Element = typename Traits::Element;
-  const jf_tensor& src = t.rows > 0 ? t : fallback;
-  const int32_t rows = static_cast<int32_t>(src.rows);
-  const int64_t head_stride = src.heads > 1 ? src.head_stride : Traits::kHeadDim;
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(src.data)),
-                     make_layout(make_shape(rows, typename Traits::HeadDim{}, src.heads),
-                                 make_stride(src.row_stride, _1{}, head_stride)));
-}
+using common::gmem_tensor;
+using common::sm_count;
 
 template <class Element, int kHeadDim>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include "core/mask.hpp"
 #include "kernels/bwd/tile_config_bwd.hpp"
 #include "kernels/common/barriers.cuh"
+#include "kernels/common/schedule.hpp"
 #include "schedule/plan.hpp"
 
 #include <cutlass/numeric_types.h>
@@ -24,12 +25,7 @@ using namespace cute;
 using common::EmptyBarrier;
 using common::FullBarrier;
 
-// How CTAs get their tiles (the forward's choices, measured the same way).
-enum class Schedule : int32_t {
-  kDynamic = 0,  // persistent; next tile of the plan (heaviest sequence first) through an atomic counter
-  kZigzag = 1,   // persistent; static snake over the plan
-  kGrid = 2      // one CTA per tile in plan order
-};
+using common::Schedule;  // how CTAs get their tiles (the forward's choices, measured the same way)
 
 template <class Config>
 struct KernelTraits {

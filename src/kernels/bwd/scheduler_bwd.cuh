@@ -36,15 +36,8 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
 // The round-th tile of this CTA under the chosen schedule (past the end: no more work).
 template <class Traits>
 __device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round) {
-  const int32_t ctas = static_cast<int32_t>(gridDim.x), cta = static_cast<int32_t>(blockIdx.x);
-  switch (p.schedule) {
-    case Schedule::kZigzag:
-      return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
-    case Schedule::kGrid:
-      return round == 0 ? cta : INT32_MAX;
-    default:
-      return atomicAdd(p.tile_counter, 1);
-  }
+  return common::next_tile_index(p.schedule, round, static_cast<int32_t>(gridDim.x),
+                                 static_cast<int32_t>(blockIdx.x), p.tile_counter);
 }
 
 }  // namespace jagflash::kernels::bwd

@@ -1,6 +1,7 @@
 // Host side of the Hopper forward: TMA descriptors, the plan, the launch.
 #pragma once
 
+#include "kernels/common/launch_common.cuh"
 #include "kernels/fwd/fwd_kernel.cuh"
 #include "kernels/hopper_forward.hpp"
 
@@ -8,27 +9,8 @@
 
 namespace jagflash::kernels::fwd {
 
-inline int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 132;
-  return count;
-}
-
-// A [rows, heads, head_dim] view as the TMA's (rows, head dim, heads) tensor. A tensor with no
-// rows still needs a valid descriptor (it is never loaded from): it borrows `fallback`.
-template <class Traits>
-auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
-  using Element = typename Traits::Element;
-  const jf_tensor& src = t.rows > 0 ? t : fallback;
-  const int32_t rows = static_cast<int32_t>(src.rows);
-  // A single head's stride is never stepped over, but the TMA still requires it 16-byte aligned.
-  const int64_t head_stride = src.heads > 1 ? src.head_stride : Traits::kHeadDim;
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(src.data)),
-                     make_layout(make_shape(rows, typename Traits::HeadDim{}, src.heads),
-                                 make_stride(src.row_stride, _1{}, head_stride)));
-}
+using common::gmem_tensor;
+using common::sm_count;
 
 template <class Config>
 cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,

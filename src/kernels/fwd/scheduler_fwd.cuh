@@ -44,14 +44,7 @@ template <class Traits>
 __device__ __forceinline__ int32_t next_tile(const Params<Traits>& p, int32_t round, int pair) {
   const int32_t ctas = static_cast<int32_t>(gridDim.x) * Traits::kPairs;
   const int32_t cta = static_cast<int32_t>(blockIdx.x) * Traits::kPairs + pair;
-  switch (p.schedule) {
-    case Schedule::kZigzag:
-      return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
-    case Schedule::kGrid:
-      return round == 0 ? cta : INT32_MAX;
-    default:
-      return atomicAdd(p.tile_counter, 1);
-  }
+  return common::next_tile_index(p.schedule, round, ctas, cta, p.tile_counter);
 }
 
 // Takes the CTA's tiles from the plan and decodes them into the tile ring, ahead of the

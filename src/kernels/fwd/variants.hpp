@@ -2,6 +2,8 @@
 // and the dispatcher (which sizes the workspace's plan for the same tile shape).
 #pragma once
 
+#include "kernels/common/schedule.hpp"
+
 #include <jagflash/jagflash.h>
 
 #include <cstdint>
@@ -10,12 +12,9 @@
 
 namespace jagflash::kernels::fwd {
 
-// How CTAs get their tiles. kDynamic is the default; the others exist to be measured against it.
-enum class Schedule : int32_t {
-  kDynamic = 0,  // persistent; next tile of the plan (heaviest sequence first) through an atomic counter
-  kZigzag = 1,   // persistent; static snake over the plan (round r: SM c or N-1-c)
-  kGrid = 2      // one CTA per tile in (batch, block, head) order, no sorting: the plain grid
-};
+// How CTAs get their tiles (kernels/common/schedule.hpp; the plain grid takes the forward's
+// tiles in (batch, block, head) order, unsorted).
+using common::Schedule;
 
 struct ForwardVariant {
   int block_n = 128;
