@@ -10,6 +10,9 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 cmake -S . -B "$build" -DJAGFLASH_WERROR=ON ${JAGFLASH_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+# The installed CMake package: cmake --install into a temporary prefix, then examples/cmake_consumer
+# (find_package(jagflash CONFIG REQUIRED), a CPU call) built and run against it. CPU only, seconds.
+scripts/test-cmake-consumer.sh "$build"
 # The Python package: pinned torch from PyPI into .venv/, `pip install .`, pytest (the CUDA tests
 # are reported as skipped without a GPU).
 scripts/test-python.sh
