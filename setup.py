@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -34,5 +35,26 @@ class BuildPyWithLibrary(build_py):
         shutil.copy2(build_dir / "libjagflash.so", package_dir / "libjagflash.so")
 
 
+class BinaryDistribution(Distribution):
+    """The package holds a native libjagflash.so: not pure, so its wheel is tagged for the platform
+    and its files go to platlib (the library is loaded through ctypes; there is no extension)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform> (e.g. py3-none-linux_x86_64), not py3-none-any: the wheel runs on any
+    Python 3 of that platform, as it has no CPython extension."""
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
 # setuptools' own staging goes to build-pip/, not into CMake's build/.
-setup(cmdclass={"build_py": BuildPyWithLibrary}, options={"build": {"build_base": str(ROOT / "build-pip")}})
+setup(
+    distclass=BinaryDistribution,
+    cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel},
+    options={"build": {"build_base": str(ROOT / "build-pip")}},
+)
