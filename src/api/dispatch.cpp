@@ -31,27 +31,31 @@ const oracle::Entry& oracle_for(const jf_problem& p) {
 
 char* workspace_at(const jf_launch& l, size_t offset) { return static_cast<char*>(l.workspace) + offset; }
 
-// The Hopper forward for this call, or nullptr when the oracle serves it (AUTO) — an explicit
-// JF_BACKEND_HOPPER that cannot be served is an error.
-const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
-  const jf_problem& p = a.problem;
-  if (p.device != JF_DEVICE_CUDA || a.launch.backend == JF_BACKEND_ORACLE) return nullptr;
-  const kernels::HopperForwardEntry* e = kernels::find_hopper_forward(p.dtype, p.q.head_dim);
+// The Hopper entry `found` (nullptr: not instantiated) for a call, or nullptr when the oracle
+// serves it (AUTO); an explicit JF_BACKEND_HOPPER that cannot be served is an error saying what
+// `served` (the dtypes and head dims that direction has).
+template <class Entry>
+const Entry* hopper_entry_for(const jf_problem& p, const jf_launch& l, const Entry* found,
+                              const char* served) {
+  if (p.device != JF_DEVICE_CUDA || l.backend == JF_BACKEND_ORACLE) return nullptr;
   const bool device_ok = kernels::hopper_device_present();
-  if (a.launch.backend == JF_BACKEND_HOPPER) {
-    if (e == nullptr) {
+  if (l.backend == JF_BACKEND_HOPPER) {
+    if (found == nullptr) {
       std::ostringstream given;
       given << dtype_name(p.dtype) << "/" << p.q.head_dim;
-      fail_argument(
-          "launch.backend",
-          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)",
-          given.str(), JF_ERR_UNSUPPORTED);
+      fail_argument("launch.backend", served, given.str(), JF_ERR_UNSUPPORTED);
     }
     if (!device_ok)
       fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU",
                     JF_ERR_UNSUPPORTED);
   }
-  return device_ok ? e : nullptr;
+  return device_ok ? found : nullptr;
+}
+
+const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
+  return hopper_entry_for(
+      a.problem, a.launch, kernels::find_hopper_forward(a.problem.dtype, a.problem.q.head_dim),
+      "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)");
 }
 
 // The plan is built for the tile shape of the variant the launcher will choose for this call.
@@ -61,28 +65,11 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
                                           a.problem.q.rows, a.problem.k.rows, v.block_m(), v.block_n);
 }
 
-// The Hopper backward for this call, or nullptr when the oracle serves it (AUTO); an explicit
-// JF_BACKEND_HOPPER that cannot be served is an error.
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
-  const jf_problem& p = a.problem;
-  if (p.device != JF_DEVICE_CUDA || a.launch.backend == JF_BACKEND_ORACLE) return nullptr;
-  const kernels::HopperBackwardEntry* e = kernels::find_hopper_backward(p.dtype, p.q.head_dim);
-  const bool device_ok = kernels::hopper_device_present();
-  if (a.launch.backend == JF_BACKEND_HOPPER) {
-    if (e == nullptr) {
-      std::ostringstream given;
-      given << dtype_name(p.dtype) << "/" << p.q.head_dim;
-      fail_argument(
-          "launch.backend",
-          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as instantiated "
-          "in this build; head dim 256 is served by the oracle)",
-          given.str(), JF_ERR_UNSUPPORTED);
-    }
-    if (!device_ok)
-      fail_argument("launch.backend", "JF_BACKEND_HOPPER on a compute capability 9.0 GPU", "another GPU",
-                    JF_ERR_UNSUPPORTED);
-  }
-  return device_ok ? e : nullptr;
+  return hopper_entry_for(a.problem, a.launch,
+                          kernels::find_hopper_backward(a.problem.dtype, a.problem.q.head_dim),
+                          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as "
+                          "instantiated in this build; head dim 256 is served by the oracle)");
 }
 
 WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
