@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       FullBarrier::init(&smem.do_full[s], 1);
       EmptyBarrier::init(&smem.do_empty[s], kConsumerWarps);
     }
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < Config::kDqStages; ++s) {
       EmptyBarrier::init(&smem.dq_full[s], kConsumerWarps);
       EmptyBarrier::init(&smem.dq_empty[s], 1);
     }

@@ -29,8 +29,8 @@ struct DqWriter {
     Tensor mDq = p.tma_dq.get_tma_tensor(make_shape(p.dq_total_rows, HeadDim{}));
     Tensor sDq = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
     for (uint32_t uses = 0;; ++uses) {
-      const uint32_t stage = uses % 2;
-      EmptyBarrier::wait(&smem.dq_full[stage], (uses / 2) & 1);
+      const uint32_t stage = uses % Traits::kDqStages;
+      EmptyBarrier::wait(&smem.dq_full[stage], (uses / Traits::kDqStages) & 1);
       const DqTarget target = smem.dq_target[stage];
       if (target.stop) break;
       Tensor gDq = local_tile(domain_offset(make_coord(static_cast<int32_t>(target.row), _0{}), mDq),

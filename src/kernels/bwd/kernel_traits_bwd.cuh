@@ -17,7 +17,6 @@
 #include <cute/tensor.hpp>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace jagflash::kernels::bwd {
 
@@ -34,6 +33,8 @@ struct KernelTraits {
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kHeadDim = Config::kHeadDim;
   static constexpr int kStages = Config::kStages;
+  static constexpr int kDqStages = Config::kDqStages;
+  static constexpr int kDsBuffers = Config::kDsBuffers;
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
@@ -69,15 +70,11 @@ struct KernelTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               WgAlongM{}));
-  // dQ = dS K: the Q block's rows x D over all 128 keys; the two warpgroups split the rows
-  // (128-row blocks) or the head dim (64-row blocks).
-  static constexpr bool kDqSplitRows = kBlockM == 128;
-  using DqWgLayout = std::conditional_t<kDqSplitRows, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>;
-  using DqAtomShape =
-      std::conditional_t<kDqSplitRows, Shape<_64, HeadDim, BlockN>, Shape<BlockM, Int<kHeadDim / 2>, BlockN>>;
+  // dQ = dS K: the Q block's 64 rows x D over all 128 keys; the two warpgroups split the head dim.
   using TiledMmaDq = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, DqAtomShape, GMMA::Major::MN, GMMA::Major::MN>(),
-      DqWgLayout{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
 
   // Global tensors as TMA sees them: (rows, head dim, heads), strides from the caller.
   using GmemLayout = Layout<Shape<int32_t, HeadDim, int32_t>, Stride<int64_t, _1, int64_t>>;
@@ -93,8 +90,8 @@ struct KernelTraits {
   // accumulator [rows = H x dq_rows][D].
   using SmemLayoutDqStage =
       decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HeadDim>{}));
-  using SmemLayoutDq =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HeadDim, _2>{}));
+  using SmemLayoutDq = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
+                                              Shape<BlockM, HeadDim, Int<Config::kDqStages>>{}));
   using DqGmemLayout = Layout<Shape<int32_t, HeadDim>, Stride<int64_t, _1>>;
   using TmaDq = decltype(make_tma_copy(
       SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), DqGmemLayout{}),
@@ -107,7 +104,6 @@ struct KernelTraits {
   static constexpr uint32_t kQBytes = Config::kQBytes;
   static constexpr uint32_t kKBytes = Config::kKBytes;
   static constexpr uint32_t kStatBytes = kStatRows * sizeof(float);
-  static constexpr uint32_t kDqBytes = Config::kDqBytes;
 };
 
 // One tile: decoded from the plan by the loading thread, read from the tile ring by the consumers.
@@ -143,7 +139,7 @@ struct SharedStorage {
   cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutDq>, 1024> dq;  // dQ stages
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> lse;
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> delta;
-  DqTarget dq_target[2];
+  DqTarget dq_target[Traits::kDqStages];
   static constexpr uint32_t kTileSlots = 2;
   TileInfo tile[kTileSlots];
   int32_t has_tile[kTileSlots];
@@ -157,8 +153,8 @@ struct SharedStorage {
   uint64_t q_empty[Traits::kStages];
   uint64_t do_full[Traits::kStages];  // dO and delta
   uint64_t do_empty[Traits::kStages];
-  uint64_t dq_full[2];   // consumers -> dQ writer: a stage of dQ partials is written
-  uint64_t dq_empty[2];  // dQ writer -> consumers: the bulk reduce has read the stage
+  uint64_t dq_full[Traits::kDqStages];   // consumers -> dQ writer: a stage of dQ partials is written
+  uint64_t dq_empty[Traits::kDqStages];  // dQ writer -> consumers: the bulk reduce has read the stage
 };
 
 template <class Traits>

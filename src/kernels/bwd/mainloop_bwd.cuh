@@ -143,6 +143,7 @@ struct Consumer {
   static constexpr int kStages = Traits::kStages;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr uint32_t kDqStages = Traits::kDqStages;
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -212,7 +213,7 @@ struct Consumer {
     // Hands a dQ stage to the writer: the targets (thread 0) and the partial, made visible to
     // the bulk copy's async proxy before the arrival.
     auto wait_dq_stage = [&](uint32_t stage) {
-      if (dq_uses >= 2) EmptyBarrier::wait(&smem.dq_empty[stage], ((dq_uses / 2) - 1) & 1);
+      if (dq_uses >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((dq_uses / kDqStages) - 1) & 1);
     };
     auto publish_dq_stage = [&](uint32_t stage) {
       cutlass::arch::fence_view_async_shared();
@@ -225,7 +226,7 @@ struct Consumer {
       const uint32_t slot = round % kSlots;
       EmptyBarrier::wait(&smem.tile_full[slot], (round / kSlots) & 1);
       if (!smem.has_tile[slot]) {
-        const uint32_t stage = dq_uses % 2;
+        const uint32_t stage = dq_uses % kDqStages;
         wait_dq_stage(stage);
         if (thread == 0) smem.dq_target[stage].stop = 1;
         publish_dq_stage(stage);
@@ -242,7 +243,8 @@ struct Consumer {
 
       for (int32_t h = t.kv_head * p.group; h < (t.kv_head + 1) * p.group; ++h) {
         for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
-          const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1, ds_buf = uses % 2;
+          const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
+                         ds_buf = uses % Traits::kDsBuffers;
           EmptyBarrier::wait(&smem.q_full[stage], phase);
           warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
               mma_sdp, thr_sdp.partition_fragment_A(sK()), thr_sdp.partition_fragment_B(sQ())(_, _, _, stage),
@@ -322,7 +324,7 @@ struct Consumer {
           cutlass::arch::fence_view_async_shared();
           // This block's dQ partial into the next dQ stage, with where it goes.
           auto store_dq = [&] {
-            const uint32_t dq_stage = dq_uses % 2;
+            const uint32_t dq_stage = dq_uses % kDqStages;
             wait_dq_stage(dq_stage);
             {
               Tensor sDq_stores = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});

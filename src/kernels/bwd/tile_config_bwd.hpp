@@ -31,8 +31,6 @@ struct TileConfig {
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kKBytes = kBlockN * kHeadDim * int(sizeof(Element));
-  static constexpr int kDsBytes = kBlockM * kBlockN * int(sizeof(Element));
-  static constexpr int kDqBytes = kBlockM * kHeadDim * int(sizeof(float));
 
   // setmaxnreg: the producer warpgroup (one loading thread, one dQ-writer thread) keeps 24, the
   // consumers get 240: 24 x 128 + 240 x 256 = 168 x 384, the pool the CTA starts with (the
