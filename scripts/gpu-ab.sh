@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: the forward of two builds side by side in one machine session (A, B, B, A
+# On the GPU machine: the forward of two builds side by side on one machine start (A, B, B, A
 # order, so drift in clocks shows up as A's two runs disagreeing), with the SM clock, power and
 # throttle reasons sampled while they run. Prints one table (fwd TFLOP/s per case) last; the raw
 # bench output and the clock log go to $OUT/ab.log and $OUT/clocks.csv.

@@ -5,7 +5,7 @@
  * message naming the argument, what was expected and what was given. Nothing the caller owns
  * is written when a call fails validation.
  *
- * Layout contract (see DESIGN.md §1):
+ * Layout contract (README.md, "API in one screen", has the same with an example call):
  *   q    [total_q,  H,    D]   k, v [total_kv, H_kv, D]   out [total_q, H, D]
  *   lse  [H, total_q] float32, natural log of the softmax denominator
  *   q_offsets / kv_offsets: int32 [B+1], offsets[0] == 0, non-decreasing, last == total.
@@ -44,7 +44,9 @@ typedef enum jf_device { JF_DEVICE_CPU = 0, JF_DEVICE_CUDA = 1 } jf_device;
 typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 } jf_mask;
 
 /* How device offsets are validated.
- *  HOST:   copied to the host and checked before anything runs (one stream sync; not capturable).
+ *  HOST:   copied to the host and checked before anything runs: one copy and stream sync per
+ *          offsets vector (q_offsets, kv_offsets), so two per call; refused while launch.stream is
+ *          being captured.
  *  DEVICE: checked by a small kernel; on bad offsets every kernel of the call exits without
  *          writing and a flag is left in the workspace (jagflash_read_device_error). No host sync,
  *          safe under CUDA-graph capture. */
