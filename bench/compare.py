@@ -180,7 +180,7 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     takes one sample (`calls` queued calls, as measure()) of every function, in the given order
     on even rounds and reversed on odd ones. On the H200, which of two kernels ran first moved
     their ratio by up to 14% (power and clock carry over from one measurement to the next,
-    bench/NOTES.md, session 10); in turns both see the same conditions. A function that raises
+    bench/NOTES.md, 2026-11-29, b26522b); in turns both see the same conditions. A function that raises
     gets {name: exception} and leaves the rotation. A function's warm-up stops early once one
     sample alone would eat the budget (the fp32 oracle takes seconds a call on big batches).
     Rounds stop at `iters`; a function whose samples add up to budget_s takes no more of them

@@ -282,7 +282,7 @@ struct Consumer {
         // no P V to overlap yet. Every later block then issues both GEMMs as two groups, so
         // the wait for S leaves P V running (one wait<1>, no branch between issue and wait: an
         // empty group committed on a conditional path made ptxas emit a dummy wgmma group
-        // after P V, and wait<1> then waited for P V too — the overlap was lost until session 8).
+        // after P V, and wait<1> then waited for P V too — the overlap was lost until 8216650).
         const uint32_t k_stage = k_uses % kStages;
         EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
         turns.wait_turn();

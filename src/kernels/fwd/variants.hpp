@@ -61,7 +61,8 @@ struct ForwardKnobs {
 // The default choice, then the knobs. Depends only on the call's shapes, mask and
 // max_seqlen_hint (never on offsets values, which live on the device), so calls that reuse a
 // plan with the same ones get the same variant (jf_launch.reuse_plan's contract).
-// Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, session 7):
+// Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, 2026-11-29,
+// 744ef74 to 4aef8a6):
 //  - D = 64 without a mask: three consumer warpgroups (192-row tiles). With Q double-buffered
 //    they won on all five distributions (+4% short to +17% gemskew); with a causal or window
 //    mask they lost on short sequences (-16%) and uniform1k (-9%), so masks keep two.
@@ -70,7 +71,7 @@ struct ForwardKnobs {
 //    on short: 198.6 vs 198.4 TFLOP/s.)
 //  - D = 256: two warpgroups, 32-key blocks, whatever the hint and the knobs (but the schedule).
 //  - a max_seqlen hint of at most kPairsMaxSeqlen (every sequence that short): two independent
-//    single-warpgroup pairs with 64-row tiles (session 9, on short, lengths 16..256: +7% / +15%
+//    single-warpgroup pairs with 64-row tiles (3f78956, on short, lengths 16..256: +7% / +15%
 //    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
 //    without the hint the host cannot tell a batch of short sequences from one with a long tail.
 inline constexpr int32_t kPairsMaxSeqlen = 256;
