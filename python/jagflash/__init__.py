@@ -19,7 +19,7 @@ from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pair
 __version__ = "0.1.0"
 
 
-def library_version():
+def library_version() -> str:
     """The loaded C library's version string."""
     return _load_library().jagflash_version().decode()
 

@@ -1,11 +1,13 @@
 """Errors: the C API's status and message become Python exceptions carrying the same message."""
+import ctypes
+
 from . import _capi
 
 
 class JagflashError(RuntimeError):
     """A jagflash call failed; `status` is the C API's jf_status (0 for checks done in Python)."""
 
-    def __init__(self, message, status=_capi.ERR_INTERNAL):
+    def __init__(self, message: str, status: int = _capi.ERR_INTERNAL) -> None:
         super().__init__(message)
         self.status = status
 
@@ -24,12 +26,12 @@ _BY_STATUS = {
 }
 
 
-def invalid_argument(argument, expected, given):
+def invalid_argument(argument: str, expected: str, given: object) -> InvalidArgumentError:
     """The C API's message shape, for the few checks that must happen before a C call."""
     return InvalidArgumentError(f"{argument}: expected {expected}, got {given}", _capi.ERR_INVALID_ARGUMENT)
 
 
-def check(status, lib):
+def check(status: int, lib: ctypes.CDLL) -> None:
     """Raises the exception that matches a non-OK status, with jagflash_last_error()'s message."""
     if status == _capi.OK:
         return

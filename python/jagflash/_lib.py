@@ -10,13 +10,14 @@ import ctypes
 import functools
 import os
 from pathlib import Path
+from typing import List
 
 from . import _capi
 
 _LIBRARY_NAME = "libjagflash.so"
 
 
-def candidate_paths():
+def candidate_paths() -> List[Path]:
     """Where the library is looked for, in order: $JAGFLASH_LIBRARY alone when it is set."""
     env = os.environ.get("JAGFLASH_LIBRARY")
     if env:
@@ -25,7 +26,7 @@ def candidate_paths():
     return [here / _LIBRARY_NAME, here.parent.parent / "build" / _LIBRARY_NAME]
 
 
-def _declare(lib):
+def _declare(lib: ctypes.CDLL) -> None:
     p = ctypes.POINTER
     signatures = {
         "jagflash_version": ([], ctypes.c_char_p),
@@ -52,7 +53,7 @@ def _declare(lib):
         fn.restype = restype
 
 
-def library_path():
+def library_path() -> str:
     """Path of the library that lib() loads; OSError naming every place looked in if none."""
     env = os.environ.get("JAGFLASH_LIBRARY")
     if env and not Path(env).is_file():
@@ -72,7 +73,7 @@ def library_path():
 
 
 @functools.lru_cache(maxsize=None)
-def lib():
+def lib() -> ctypes.CDLL:
     """The loaded library. Loaded on first use, so `import jagflash` works before it is built."""
     handle = ctypes.CDLL(library_path())
     _declare(handle)

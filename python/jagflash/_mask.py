@@ -1,5 +1,6 @@
 """(causal, window) as the user gives them -> (jf_mask, window_left, window_right) for the C API."""
 import operator
+from typing import Any, Tuple
 
 from . import _capi
 from ._errors import invalid_argument
@@ -8,7 +9,7 @@ from ._errors import invalid_argument
 _INT32_LIMIT = 2**31
 
 
-def _window_side(name, w):
+def _window_side(name: str, w: Any) -> int:
     """One side of the window as an exact int: 1.9 is refused rather than truncated to 1, and a
     bool (an int to Python) is refused as the mistake it almost always is."""
     if isinstance(w, bool):
@@ -22,7 +23,7 @@ def _window_side(name, w):
     return value
 
 
-def mask_args(causal, window):
+def mask_args(causal: Any, window: Any) -> Tuple[int, int, int]:
     """FlashAttention's convention: window (left, right), -1 unbounded; causal is (-1, 0), and a
     causal call may narrow the left side (a causal sliding window)."""
     # Only a bool: any other value would count by its truth, so causal="no" would be causal.

@@ -1,66 +1,70 @@
 """How offsets are validated, and reading the flag a device-side check leaves behind.
 
   "host"   - offsets are copied to the host and checked before anything runs: bad offsets raise
-             InvalidArgumentError at the call, at the cost of one stream sync per call. Refused
-             (with an error) while the stream is being captured into a CUDA graph.
+             InvalidArgumentError at the call, at the cost of a stream sync per offsets vector
+             (q's and kv's: two per forward, two per backward). Refused (with an error) while
+             the stream is being captured into a CUDA graph.
   "device" - a small kernel checks them: no sync, capturable. On bad offsets nothing is written
              (the outputs keep whatever memory they were given) and read_device_error() reports it.
   "auto"   - (default) "device" while the current CUDA stream is capturing, "host" otherwise.
 CPU tensors are always checked on the host.
 """
 import threading
+from typing import Dict, Literal, Optional
 
 import torch
 
 from . import _capi, _errors, _lib
 
+# The values check_offsets= takes (None, where a call accepts it, means the module setting).
+CheckOffsets = Literal["auto", "host", "device"]
 MODES = ("auto", "host", "device")
-_default_mode = "auto"
+_default_mode: CheckOffsets = "auto"
 # The workspaces of the last forward and the last backward that ran with check_offsets="device"
 # (the device check leaves its flag in them). Process-wide, not per thread: autograd runs CUDA
 # backwards on its own threads. Only explicit "device" calls are remembered, so that "auto" under
 # capture never keeps a graph-pool allocation alive behind the graph's back.
-_remembered = {}
+_remembered: Dict[str, torch.Tensor] = {}
 _remembered_lock = threading.Lock()
 
 
-def _validate(mode):
+def _validate(mode: object) -> CheckOffsets:
     if mode not in MODES:
         raise _errors.invalid_argument("check_offsets", '"auto", "host" or "device"', repr(mode))
-    return mode
+    return mode  # type: ignore[return-value]  # one of MODES, checked above
 
 
-def set_check_offsets(mode):
+def set_check_offsets(mode: CheckOffsets) -> None:
     """Sets the mode used when a call passes check_offsets=None (the default; starts as "auto")."""
     global _default_mode
     _default_mode = _validate(mode)
 
 
-def get_check_offsets():
+def get_check_offsets() -> CheckOffsets:
     """The mode used when a call passes check_offsets=None."""
     return _default_mode
 
 
-def resolve(mode):
+def resolve(mode: Optional[CheckOffsets]) -> CheckOffsets:
     """A call's check_offsets argument (None = the module setting), validated."""
     return _default_mode if mode is None else _validate(mode)
 
 
-def launch_value(mode, device):
+def launch_value(mode: CheckOffsets, device: torch.device) -> int:
     """jf_offsets_check for one call, decided when the call runs (not when it is traced)."""
     if mode == "device" or (mode == "auto" and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return _capi.CHECK_OFFSETS_DEVICE
     return _capi.CHECK_OFFSETS_HOST
 
 
-def remember(direction, mode, workspace):
+def remember(direction: str, mode: CheckOffsets, workspace: Optional[torch.Tensor]) -> None:
     """Keeps the workspace of an explicit "device" call so read_device_error() can read its flag."""
     if mode == "device" and workspace is not None and workspace.is_cuda:
         with _remembered_lock:
             _remembered[direction] = workspace
 
 
-def read_device_error():
+def read_device_error() -> None:
     """Synchronises and raises InvalidArgumentError if the last forward or the last backward run
     with check_offsets="device" (eagerly, or captured and then replayed in a CUDA graph) found bad
     offsets."""

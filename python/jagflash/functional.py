@@ -1,12 +1,16 @@
 """The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out."""
+from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
+
 import torch
+from torch import Tensor
 
 from . import _offsets_check, ops
 from ._errors import InvalidArgumentError, invalid_argument
 from ._mask import mask_args
+from ._offsets_check import CheckOffsets
 
 
-def _offsets(name, offsets):
+def _offsets(name: str, offsets: object) -> Tensor:
     """int32 or int64 [B+1] on the tensors' device -> contiguous int32, with no host sync."""
     if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
         given = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
@@ -22,7 +26,7 @@ def _offsets(name, offsets):
     return torch.where(narrowed != offsets, -1, narrowed).contiguous()
 
 
-def _out_of_int32(named_offsets):
+def _out_of_int32(named_offsets: Iterable[Tuple[str, Optional[Tensor]]]) -> Optional[InvalidArgumentError]:
     """An InvalidArgumentError for the first int64 offset that int32 cannot hold, or None. Reads
     the offsets on the host: called on the error path only."""
     for name, offsets in named_offsets:
@@ -30,12 +34,12 @@ def _out_of_int32(named_offsets):
             continue
         bad = (offsets.to(torch.int32) != offsets).nonzero()
         if bad.numel():
-            index = bad[0, 0].item()
+            index = int(bad[0, 0])
             return invalid_argument(f"{name}[{index}]", "an offset that fits int32", offsets[index].item())
     return None
 
 
-def _scale(scale):
+def _scale(scale: Optional[float]) -> float:
     """The C API reads scale 0 as 1/sqrt(D): None maps there, and an explicit 0 cannot be served."""
     if scale is None:
         return 0.0
@@ -44,7 +48,7 @@ def _scale(scale):
     return float(scale)
 
 
-def _deterministic(deterministic):
+def _deterministic(deterministic: Optional[bool]) -> bool:
     """None follows torch's switch (torch.use_deterministic_algorithms), like torch's own ops."""
     if deterministic is None:
         return torch.are_deterministic_algorithms_enabled()
@@ -53,7 +57,7 @@ def _deterministic(deterministic):
     return deterministic
 
 
-def _max_seqlen_hint(max_seqlen_q, max_seqlen_kv):
+def _max_seqlen_hint(max_seqlen_q: Optional[int], max_seqlen_kv: Optional[int]) -> int:
     """The C API's max_seqlen_hint: the larger bound when both are given, else 0 (unknown)."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31):
@@ -63,22 +67,79 @@ def _max_seqlen_hint(max_seqlen_q, max_seqlen_kv):
     return max(max_seqlen_q, max_seqlen_kv)
 
 
+@overload
 def jagged_attention(
-    q,
-    k,
-    v,
-    q_offsets,
-    kv_offsets=None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Optional[Tensor] = None,
     *,
-    causal=False,
-    window=(-1, -1),
-    scale=None,
-    return_lse=False,
-    max_seqlen_q=None,
-    max_seqlen_kv=None,
-    check_offsets=None,
-    deterministic=None,
-):
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    return_lse: Literal[False] = False,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Tensor: ...
+
+
+@overload
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Optional[Tensor] = None,
+    *,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    return_lse: Literal[True],
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Tuple[Tensor, Tensor]: ...
+
+
+@overload
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Optional[Tensor] = None,
+    *,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]: ...
+
+
+def jagged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    kv_offsets: Optional[Tensor] = None,
+    *,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_kv: Optional[int] = None,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
     q: [total_q, H, D]; k, v: [total_kv, H_kv, D] with H % H_kv == 0 (GQA/MQA); bf16 or fp16
@@ -124,21 +185,29 @@ def jagged_attention(
     return (out, lse) if return_lse else out
 
 
-def _jagged_values(name, t):
+def _offsets_of(t: Any) -> Tensor:
+    """offsets() of a jagged nested tensor: a method of torch's nested-tensor subclass, which the
+    public type (Tensor) does not declare."""
+    return t.offsets()
+
+
+def _jagged_values(name: str, t: Any) -> Tensor:
     """The packed [total, H, D] values of a (B, j, H, D) jagged nested tensor."""
     if not (isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged):
         raise invalid_argument(name, "a torch.nested tensor with layout=torch.jagged", type(t).__name__)
-    if t.dim() != 4 or getattr(t, "_ragged_idx", 1) != 1:
-        raise invalid_argument(name, "shape (B, j, H, D), ragged in dim 1", f"{t.dim()}-D, ragged in dim {t._ragged_idx}")
-    if t.lengths() is not None:
+    ragged_dim = getattr(t, "_ragged_idx", 1)
+    if t.dim() != 4 or ragged_dim != 1:
+        raise invalid_argument(name, "shape (B, j, H, D), ragged in dim 1", f"{t.dim()}-D, ragged in dim {ragged_dim}")
+    nested: Any = t  # lengths(): a method of the nested-tensor subclass, as offsets() (above)
+    if nested.lengths() is not None:
         raise invalid_argument(name, "a packed nested tensor (no holes: call .contiguous())", "one with lengths")
     return t.values()
 
 
-def _kv_offsets(k, v):
+def _kv_offsets(k: Tensor, v: Tensor) -> Tensor:
     """k's offsets, checked against v's without a host sync: v's must be the same, and where a
     value differs the offsets passed on hold -1, which fails the offsets check (see _offsets)."""
-    k_offsets, v_offsets = k.offsets(), v.offsets()
+    k_offsets, v_offsets = _offsets_of(k), _offsets_of(v)
     # v on another device is reported by the checks of the values.
     if v_offsets is k_offsets or v_offsets.device != k_offsets.device:
         return k_offsets
@@ -147,21 +216,31 @@ def _kv_offsets(k, v):
     return torch.where(v_offsets == k_offsets, k_offsets, -1)
 
 
-def _v_offsets_differ(k, v):
+def _v_offsets_differ(k: Tensor, v: Tensor) -> Optional[InvalidArgumentError]:
     """An InvalidArgumentError if v's offsets are not k's, or None. Reads both on the host: called
     on the error path only."""
-    k_offsets, v_offsets = k.offsets(), v.offsets()
+    k_offsets, v_offsets = _offsets_of(k), _offsets_of(v)
     if v_offsets.device != k_offsets.device:
         return None
     differ = (k_offsets != v_offsets).nonzero()
     if not differ.numel():
         return None
-    index = differ[0, 0].item()
+    index = int(differ[0, 0])
     return invalid_argument(f"v.offsets()[{index}]", f"k's offset {k_offsets[index].item()} (v must have k's lengths)",
                             v_offsets[index].item())
 
 
-def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offsets=None, deterministic=None):
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Tensor:
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
@@ -169,15 +248,15 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, check_offse
     jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
-    if k.offsets().shape != q.offsets().shape:
+    if _offsets_of(k).shape != _offsets_of(q).shape:
         raise invalid_argument("k", f"B = {q.size(0)} sequences (as q)", k.size(0))
     kv_offsets = _kv_offsets(k, v)
     try:
-        out = jagged_attention(q_values, k_values, v_values, q.offsets(), kv_offsets, causal=causal, window=window,
+        out = jagged_attention(q_values, k_values, v_values, _offsets_of(q), kv_offsets, causal=causal, window=window,
                                scale=scale, check_offsets=check_offsets, deterministic=deterministic)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
             raise
         raise cause from error
-    return torch.nested.nested_tensor_from_jagged(out, q.offsets())
+    return torch.nested.nested_tensor_from_jagged(out, _offsets_of(q))

@@ -1,5 +1,6 @@
 """The benchmark batches and FLOP counts, from the C library so Python and C++ agree exactly."""
 import ctypes
+from typing import List, Tuple
 
 from . import _capi, _errors, _lib
 from ._mask import mask_args
@@ -10,7 +11,7 @@ DISTRIBUTIONS = ("uniform1k", "gemskew", "pareto", "onegiant", "short")
 DEFAULT_SEED = 20261129
 
 
-def generate_lengths(name, seed=DEFAULT_SEED):
+def generate_lengths(name: str, seed: int = DEFAULT_SEED) -> List[int]:
     """Sequence lengths of the named distribution for this seed (the same batch jagflash's C++
     benchmarks draw)."""
     lib = _lib.lib()
@@ -22,7 +23,7 @@ def generate_lengths(name, seed=DEFAULT_SEED):
     return list(lengths)
 
 
-def visible_pairs(len_q, len_kv, *, causal=False, window=(-1, -1)):
+def visible_pairs(len_q: int, len_kv: int, *, causal: bool = False, window: Tuple[int, int] = (-1, -1)) -> int:
     """Number of (query, key) pairs one sequence computes under the mask; useful FLOPs of the
     forward are 4 * H * D * the sum over sequences (the backward's 2.5 times that)."""
     mask, left, right = mask_args(causal, window)

@@ -159,7 +159,7 @@ class EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
-def eager_fast_path_allowed(*tensors) -> bool:
+def eager_fast_path_allowed(*tensors: Tensor) -> bool:
     """Plain tensors on a real device, no tracing and no function mode: nothing the custom op's
     dispatch would add anything for."""
     if torch.compiler.is_compiling() or torch.overrides._get_current_function_mode_stack():
