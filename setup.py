@@ -1,14 +1,24 @@
 """Builds libjagflash.so with the project's own CMake build and ships it inside the package.
 
-The metadata is in pyproject.toml; this file only adds the native build step. Environment:
+The metadata is in pyproject.toml; this file only adds the native build step. It runs no
+installer and downloads nothing: the CUTLASS headers come from .deps/ (scripts/setup.sh) or else
+from the nvidia-cutlass package that the build backend (python/build_backend/jagflash_build.py)
+asks pip to put in the build environment. Environment:
   JAGFLASH_BUILD_DIR   CMake build directory (default: build/, the one the scripts use, so an
-                       existing build is reused and only brought up to date)
+                       existing build is reused, with its settings, and only brought up to date;
+                       a new one is configured without the tests, which need GoogleTest and the
+                       tools scripts/setup.sh installs)
   JAGFLASH_CMAKE_ARGS  extra CMake arguments (e.g. -DJAGFLASH_DTYPES=bf16 for a quick build)
+  CMAKE_BUILD_PARALLEL_LEVEL  build jobs (default: one per CPU)
 """
+import importlib.metadata
+import importlib.util
 import os
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -16,6 +26,37 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "python" / "build_backend"))
+from jagflash_build import cutlass_headers_dir, pinned_version  # noqa: E402
+
+
+def ensure_cutlass_headers():
+    """.deps/cutlass-<pin>/include, copied from the build environment's nvidia-cutlass (the same
+    pinned version) when scripts/setup.sh has not made it. A fixed place, not the build
+    environment's own (a new temporary folder every build), so that an existing build tree keeps
+    its include path and is not recompiled."""
+    dest = cutlass_headers_dir()
+    if (dest / "cute" / "tensor.hpp").is_file():
+        return
+    pin = pinned_version("CUTLASS_PIP_VERSION")
+    try:
+        found = importlib.metadata.version("nvidia-cutlass")
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    spec = importlib.util.find_spec("cutlass_library") if found else None
+    if found != pin or spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            f"jagflash: the CUTLASS headers are neither in {dest} nor in the build environment "
+            f"(nvidia-cutlass=={pin} wanted, {found or 'none'} found): build with pip's build "
+            f"isolation (the default), install nvidia-cutlass=={pin} into this environment, or run "
+            "scripts/setup.sh"
+        )
+    source = Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".include-"))
+    shutil.copytree(source, staging / "include")
+    os.replace(staging / "include", dest)
+    staging.rmdir()
 
 
 class BuildPyWithLibrary(build_py):
@@ -24,11 +65,13 @@ class BuildPyWithLibrary(build_py):
         build_dir = Path(os.environ.get("JAGFLASH_BUILD_DIR", ROOT / "build"))
         if not build_dir.is_absolute():
             build_dir = ROOT / build_dir
-        jobs = str(os.cpu_count() or 2)
-        subprocess.check_call([str(ROOT / "scripts" / "setup.sh")])
-        subprocess.check_call(
-            ["cmake", "-S", str(ROOT), "-B", str(build_dir), *shlex.split(os.environ.get("JAGFLASH_CMAKE_ARGS", ""))]
-        )
+        ensure_cutlass_headers()
+        configure = ["cmake", "-S", str(ROOT), "-B", str(build_dir)]
+        if not (build_dir / "CMakeCache.txt").is_file():
+            configure.append("-DJAGFLASH_BUILD_TESTS=OFF")
+        configure += shlex.split(os.environ.get("JAGFLASH_CMAKE_ARGS", ""))
+        subprocess.check_call(configure)
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "jagflash", "-j", jobs])
         package_dir = Path(self.build_lib) / "jagflash"
         package_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ cd "$root"
 scripts/setup.sh
 build="${BUILD_DIR:-build}"
 jobs="$(nproc 2>/dev/null || echo 2)"
-cmake -S . -B "$build" -DJAGFLASH_WERROR=ON ${JAGFLASH_CMAKE_ARGS:-}
+# Tests ON explicitly: a build/ first configured by `pip install .` has them off.
+cmake -S . -B "$build" -DJAGFLASH_WERROR=ON -DJAGFLASH_BUILD_TESTS=ON ${JAGFLASH_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
 # The installed CMake package: cmake --install into a temporary prefix, then examples/cmake_consumer
