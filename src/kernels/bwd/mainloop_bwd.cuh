@@ -11,6 +11,7 @@
 #include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/bwd/scheduler_bwd.cuh"
+#include "kernels/bwd/smem_stores_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 
@@ -41,6 +42,10 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "l"(gmem), "r"(bytes), "r"(mbar)
       : "memory");
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 template <class Traits>
@@ -144,6 +149,9 @@ struct Consumer {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr uint32_t kDqStages = Traits::kDqStages;
+  using StoreOffsets = SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value>;
+  static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kDqStageBytes = kBlockM * Traits::kHeadDim * sizeof(float);
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -311,26 +319,18 @@ struct Consumer {
             tPrP(e) = static_cast<Element>(tSrS(e));
             tDsrDs(e) = static_cast<Element>(tSrDp(e));
           }
-          // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys). The
-          // swizzled addresses are derived here from a thread index read afresh: computed once
-          // before the loop, they stayed live across it and spilled. (The base is the plain
-          // shared pointer, not fresh_smem's: through that the compiler loses the address space
-          // and emits generic stores.)
-          {
-            Tensor sDsT_stores = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDsT{});
-            Tensor tSsDs = mma_sdp.get_thread_slice(fresh_consumer_thread()).partition_C(sDsT_stores);
-            copy(tDsrDs, tSsDs(_, _, _, ds_buf));
-          }
+          // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by
+          // stmatrix from addresses derived here from a thread index read afresh (kept across the
+          // loop, they spilled).
+          store_ds_smem<StoreOffsets>(tDsrDs, smem_address(smem.ds.data()) + ds_buf * kDsBufferBytes,
+                                      fresh_consumer_thread());
           cutlass::arch::fence_view_async_shared();
           // This block's dQ partial into the next dQ stage, with where it goes.
           auto store_dq = [&] {
             const uint32_t dq_stage = dq_uses % kDqStages;
             wait_dq_stage(dq_stage);
-            {
-              Tensor sDq_stores = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
-              Tensor tDQsDQ = mma_dq.get_thread_slice(fresh_consumer_thread()).partition_C(sDq_stores);
-              copy(tDQrDQ, tDQsDQ(_, _, _, dq_stage));
-            }
+            store_dq_smem<StoreOffsets>(tDQrDQ, smem_address(smem.dq.data()) + dq_stage * kDqStageBytes,
+                                        fresh_consumer_thread());
             if (thread == 0) {
               DqTarget target{};
               target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
@@ -350,9 +350,11 @@ struct Consumer {
                 mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
                 thr_dq.partition_fragment_B(sKt()), tDQrDQ);
           };
-          auto issue_dkdv = [&] {
+          auto issue_dv = [&] {
             warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
                 mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+          };
+          auto issue_dk = [&] {
             warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
                 mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
           };
@@ -361,38 +363,37 @@ struct Consumer {
             warpgroup_fence_operand(tDKrDK);
             warpgroup_fence_operand(tPrP);
             warpgroup_fence_operand(tDsrDs);
-            // The stage's lse and delta were read by ordinary loads and the next bulk copies
-            // (the async proxy) overwrite them: ordered by a proxy fence before the release.
-            cutlass::arch::fence_view_async_shared();
             __syncwarp();
             if (lane == 0) {
               EmptyBarrier::arrive(&smem.q_empty[stage]);
               EmptyBarrier::arrive(&smem.do_empty[stage]);
             }
           };
+          // Once dQ is done its partial goes to the dQ stage while the GEMMs after it still run,
+          // so the tensor cores are not idle during the stage's stores.
           if constexpr (Traits::kHeadDim == 64) {
-            // dQ first, then dV and dK: once dQ is done its partial goes to the dQ stage while dV
-            // and dK still run, so the tensor cores are not idle during the stage's stores (at
-            // D = 64 those stores are a large share of a block's time). At D = 128 this order
-            // made the consumers spill (three scalars), and dV, dK issued before the barrier
-            // hide the wait for the other warpgroup instead.
+            // dQ first, then dV and dK.
             cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
             issue_dq();
-            issue_dkdv();
+            issue_dv();
+            issue_dk();
             warpgroup_wait<2>();  // dQ is done; dV and dK may still run
             warpgroup_fence_operand(tDQrDQ);
             store_dq();
             warpgroup_wait<0>();
             release_stage();
           } else {
-            issue_dkdv();
+            // dV first, hiding the wait for the other warpgroup's dS; then dQ and dK (dQ first
+            // after the barrier, with dV and dK behind it, spilled at D = 128).
+            issue_dv();
             cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
             issue_dq();
-            warpgroup_wait<1>();
-            release_stage();
-            warpgroup_wait<0>();
+            issue_dk();
+            warpgroup_wait<1>();  // dV and dQ are done; dK may still run
             warpgroup_fence_operand(tDQrDQ);
             store_dq();
+            warpgroup_wait<0>();
+            release_stage();
           }
           ++uses;
         }

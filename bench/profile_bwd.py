@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""One backward of jagflash and one of FA3 varlen (when flash_attn_interface imports) on the same
+batch, a few times each, for ncu: scripts/gpu-profile.sh runs this under ncu with a kernel filter
+and writes the reports' text next to them. Not a timing tool (compare.py is): ncu replays kernels.
+
+    python bench/profile_bwd.py --dist uniform1k --head-dim 128 [--causal] [--impls jagflash,fa3]
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))
+import jagflash  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dist", default="uniform1k")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--impls", default="jagflash,fa3")
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=20261129)
+    args = ap.parse_args()
+    lengths = jagflash.generate_lengths(args.dist, args.seed)
+    total = sum(lengths)
+    dev = torch.device("cuda")
+    offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+    g = torch.Generator(device=dev).manual_seed(args.seed)
+
+    def rnd():
+        return torch.randn((total, args.heads, args.head_dim), generator=g, device=dev).to(torch.bfloat16)
+
+    q, k, v, dout = rnd(), rnd(), rnd(), rnd()
+    for impl in args.impls.split(","):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if impl == "jagflash":
+            def fwd():
+                return jagflash.jagged_attention(*leaves, offsets, offsets, causal=args.causal)
+        elif impl == "fa3":
+            try:
+                import flash_attn_interface as fa3
+            except Exception as e:  # noqa: BLE001
+                print(f"profile_bwd.py: FA3 skipped: {e}")
+                continue
+            L = max(lengths)
+
+            def fwd():
+                out = fa3.flash_attn_varlen_func(*leaves, offsets, offsets, L, L, causal=args.causal)
+                return out[0] if isinstance(out, tuple) else out
+        else:
+            raise SystemExit(f"unknown impl {impl}")
+        for _ in range(args.calls):
+            out = fwd()
+            torch.autograd.grad(out, leaves, dout)
+        torch.cuda.synchronize()
+        print(f"profile_bwd.py: {impl} {args.dist} D={args.head_dim} causal={args.causal} B={len(lengths)} total={total}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+// The consumers' two shared-memory stores per Q block, written as explicit shared-memory
+// instructions: dS (bf16/fp16, for dQ = dS K) by stmatrix and the fp32 dQ partial by 64-bit
+// st.shared. CuTe's swizzled partitions of the same layouts compiled to generic 32-bit stores
+// (ST.E, the swizzle computed through integers loses the address space) with about 250 integer
+// instructions of address arithmetic a warp per block (ncu, 2026-12-01): more than the block's
+// exp2, FMA and conversion work together. The offsets are plain functions of the thread index
+// so that tests/test_bwd_smem_stores.cu can check them against CuTe's layouts on the host.
+#pragma once
+
+#include <cstdint>
+
+namespace jagflash::kernels::bwd {
+
+// Byte offsets for the shapes of TileConfig: kBlockM = 64 query rows, kKeysPerWarpgroup = 64
+// keys a consumer warpgroup, thread = index among the consumer threads (0-255).
+template <int kBlockM, int kHeadDim, int kKeysPerWarpgroup>
+struct SmemStoreOffsets {
+  static_assert(kBlockM == 64, "one 128-byte MN-major swizzle atom of dS rows a key");
+
+  // dS (rows, keys), MN-major with the 128-byte swizzle: key k's 64 rows are 128 bytes at
+  // k * 128, their 16-byte chunks (8 rows each) XOR-ed with k % 8. A warp's stmatrix.x4 writes
+  // four 8 x 8 matrices whose rows are keys and whose columns are 8 query rows: exactly the
+  // accumulator fragment of S^T (thread l holds keys l/4 (+8) and rows 2 (l%4) (+1) of each 8).
+  // Lane l gives the address of row l % 8 of matrix l / 8; matrix q of instruction i is the
+  // fragment's 32-bit register 4 i + q: keys +8 (q % 2), row group 2 i + q / 2.
+  // Written as (per-thread base) + (2 i XOR per-thread term) << 4: with i a constant, each of
+  // the four addresses is one XOR and one add from two registers.
+  static __host__ __device__ uint32_t ds_lane(int thread, int i) {
+    const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
+    const int key = warpgroup * kKeysPerWarpgroup + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+    // row group 2 i + (lane / 16), XOR-ed with key % 8 = lane % 8
+    const int chunk_term = ((lane >> 4) & 1) ^ (lane & 7);
+    return static_cast<uint32_t>(key * 128 + (((2 * i) ^ chunk_term) << 4));
+  }
+  static constexpr int kDsStores = kBlockM / 16;  // stmatrix.x4 a thread (8 row groups / 2)
+
+  // dQ partial (rows, head dim) fp32, 128-byte swizzled boxes of 32 floats x kBlockM rows (the
+  // TMA reduce's), the warpgroups splitting the head dim. Thread l of warp w holds rows
+  // 16 w + l/4 (+8 h) and, for each group j of 8 columns, columns 8 j + 2 (l%4) (+1): one
+  // 8-byte store per (j, h); a warp's 32 stores cover every bank twice (two wavefronts, the
+  // minimum for 256 bytes).
+  static constexpr int kDqCols = kHeadDim / 2;  // a warpgroup's columns
+  static constexpr int kDqGroups = kDqCols / 8;
+  static constexpr int kBoxBytes = kBlockM * 128;  // 32 floats x kBlockM rows
+  static_assert(kDqCols % 32 == 0, "a warpgroup's columns are whole boxes");
+  // Column 8 j + 2 (l%4) is in box j / 4 (plus the warpgroup's boxes), chunk 2 (j%4) + (l%4)/2 of
+  // its row, XOR-ed with row % 8 = l / 4: (2 (j%4)) XOR a per-thread term, as for dS.
+  static __host__ __device__ uint32_t dq_pair(int thread, int j, int h) {
+    const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
+    const int row = warp * 16 + h * 8 + (lane >> 2);
+    const int chunk_term = ((lane >> 1) & 1) ^ (lane >> 2);
+    return static_cast<uint32_t>((warpgroup * (kDqCols / 32) + j / 4) * kBoxBytes + row * 128 +
+                                 (((2 * (j % 4)) ^ chunk_term) << 4) + (lane & 1) * 8);
+  }
+};
+
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// dS^T fragment (Element, the S^T accumulator's layout: value (col, row half, 8-row group)) to
+// the dS buffer at shared address `ds_buffer`.
+template <class Offsets, class Fragment>
+__device__ __forceinline__ void store_ds_smem(const Fragment& ds_frag, uint32_t ds_buffer, int thread) {
+  const uint32_t* regs = reinterpret_cast<const uint32_t*>(ds_frag.data());
+#pragma unroll
+  for (int i = 0; i < Offsets::kDsStores; ++i)
+    stmatrix_x4(ds_buffer + Offsets::ds_lane(thread, i), regs[4 * i], regs[4 * i + 1], regs[4 * i + 2],
+                regs[4 * i + 3]);
+}
+
+// dQ partial fragment (fp32, value (col, row half, 8-column group)) to the dQ stage at shared
+// address `dq_stage`.
+template <class Offsets, class Fragment>
+__device__ __forceinline__ void store_dq_smem(const Fragment& dq_frag, uint32_t dq_stage, int thread) {
+#pragma unroll
+  for (int j = 0; j < Offsets::kDqGroups; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      st_shared_v2(dq_stage + Offsets::dq_pair(thread, j, h), dq_frag(4 * j + 2 * h),
+                   dq_frag(4 * j + 2 * h + 1));
+}
+}  // namespace jagflash::kernels::bwd
