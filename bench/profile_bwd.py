@@ -25,6 +25,8 @@ def main():
     ap.add_argument("--impls", default="jagflash,fa3")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="print each kernel's CUDA time over --calls backward calls (torch.profiler), not for ncu")
     args = ap.parse_args()
     lengths = jagflash.generate_lengths(args.dist, args.seed)
     total = sum(lengths)
@@ -58,6 +60,15 @@ def main():
             out = fwd()
             torch.autograd.grad(out, leaves, dout)
         torch.cuda.synchronize()
+        if args.torch_profile:
+            outs = [fwd() for _ in range(args.calls)]
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for out in outs:
+                    torch.autograd.grad(out, leaves, dout)
+                torch.cuda.synchronize()
+            print(f"== {impl} {args.dist} D={args.head_dim} causal={args.causal}: backward kernels, {args.calls} calls")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
         print(f"profile_bwd.py: {impl} {args.dist} D={args.head_dim} causal={args.causal} B={len(lengths)} total={total}")
 
 

@@ -62,10 +62,10 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.q_stride = launch.q_stride;
     pp.num_heads = heads;
     pp.error_flag = launch.error_flag;
-    const int64_t warps = launch.q_stride * heads;
-    const int64_t blocks = (warps * 32 + 255) / 256;
-    preprocess_kernel<Element, kHeadDim>
-        <<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 256, 0, stream>>>(pp);
+    using Shape = PreprocessShape<kHeadDim>;
+    const int64_t ctas = (launch.q_stride + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta * heads;
+    const unsigned grid = static_cast<unsigned>(ctas < (int64_t(1) << 30) ? ctas : (int64_t(1) << 30));
+    preprocess_kernel<Element, kHeadDim><<<grid, Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
 
@@ -151,10 +151,10 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.num_heads = heads;
     pp.scale = scale;
     pp.error_flag = launch.error_flag;
-    const int64_t items = pb.q.rows * heads * (kHeadDim / 8);
-    const int64_t blocks = (items + 255) / 256;
-    postprocess_kernel<Element, kHeadDim>
-        <<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), 256, 0, stream>>>(pp);
+    using Shape = PreprocessShape<kHeadDim>;
+    const int64_t ctas = (pb.q.rows + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta * heads;
+    const unsigned grid = static_cast<unsigned>(ctas < (int64_t(1) << 30) ? ctas : (int64_t(1) << 30));
+    postprocess_kernel<Element, kHeadDim><<<grid, Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;
