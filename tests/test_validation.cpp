@@ -127,6 +127,23 @@ std::vector<Case> problem_cases() {
        p([](jf_problem& q) { q.k.row_stride = 64; }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.k.row_stride", "got 64"}},
+      // Found by the C API fuzzer (tests/fuzz): the span of such a view overflowed int64 in the
+      // overlap check (undefined behaviour), and the call went on to read far outside k.
+      {"row stride past int64",
+       p([](jf_problem& q) { q.k.row_stride = int64_t{1} << 62; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.k.row_stride", "fits in memory", "got 4611686018427387904"}},
+      {"head stride past int64",
+       p([](jf_problem& q) { q.q.head_stride = int64_t{1} << 62; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.q.row_stride", "more than int64 holds"}},
+      {"misaligned q_offsets",
+       p([](jf_problem& q) {
+         alignas(int32_t) static unsigned char bytes[24] = {};
+         q.q_offsets = reinterpret_cast<const int32_t*>(bytes + 2);
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.q_offsets", "4-byte alignment"}},
       {"null data",
        p([](jf_problem& q) { q.v.data = nullptr; }),
        JF_ERR_INVALID_ARGUMENT,
@@ -181,7 +198,11 @@ std::vector<Case> problem_cases() {
        JF_ERR_INVALID_ARGUMENT,
        {"expected"}},
       {"backend",
-       [](Call& c) { c.fwd.launch.backend = c.bwd.launch.backend = static_cast<jf_backend>(8); },
+       [](Call& c) {
+         // Two stores: a chained assignment would load the out-of-range value back (undefined).
+         c.fwd.launch.backend = static_cast<jf_backend>(8);
+         c.bwd.launch.backend = static_cast<jf_backend>(8);
+       },
        JF_ERR_INVALID_ARGUMENT,
        {"launch.backend", "got 8"}},
       {"oracle on cpu",
@@ -194,7 +215,8 @@ std::vector<Case> problem_cases() {
        {"launch.max_seqlen_hint", ">= 0", "got -5"}},
       {"offsets check",
        [](Call& c) {
-         c.fwd.launch.offsets_check = c.bwd.launch.offsets_check = static_cast<jf_offsets_check>(4);
+         c.fwd.launch.offsets_check = static_cast<jf_offsets_check>(4);
+         c.bwd.launch.offsets_check = static_cast<jf_offsets_check>(4);
        },
        JF_ERR_INVALID_ARGUMENT,
        {"launch.offsets_check", "got 4"}},
@@ -258,6 +280,16 @@ TEST(Validation, OutputArgumentErrors) {
        [](Call& c) { c.fwd.lse = static_cast<float*>(c.fwd.problem.k.data); },
        JF_ERR_INVALID_ARGUMENT,
        {"lse", "disjoint", "k"}},
+      // Found by the fuzzer: accepted, the reference then stored floats through a misaligned
+      // pointer, and wrote lse over the offsets it was still reading (and past them).
+      {"lse misaligned",
+       [](Call& c) { c.fwd.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(c.lse.data()) + 2); },
+       JF_ERR_INVALID_ARGUMENT,
+       {"lse", "4-byte alignment"}},
+      {"lse over q_offsets",
+       [](Call& c) { c.fwd.lse = reinterpret_cast<float*>(c.batch.q_offsets.data()); },
+       JF_ERR_INVALID_ARGUMENT,
+       {"lse", "disjoint", "problem.q_offsets"}},
   };
   for (const Case& c : fwd_cases) {
     Call call;
@@ -289,6 +321,16 @@ TEST(Validation, OutputArgumentErrors) {
        [](Call& c) { c.bwd.dk.data = c.bwd.dv.data; },
        JF_ERR_INVALID_ARGUMENT,
        {"dk", "disjoint", "dv"}},
+      {"lse misaligned",
+       [](Call& c) {
+         c.bwd.lse = reinterpret_cast<const float*>(reinterpret_cast<const char*>(c.lse.data()) + 1);
+       },
+       JF_ERR_INVALID_ARGUMENT,
+       {"lse", "4-byte alignment"}},
+      {"dq over kv_offsets",
+       [](Call& c) { c.bwd.dq.data = c.batch.kv_offsets.data(); },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dq", "disjoint", "problem.kv_offsets"}},
   };
   for (const Case& c : bwd_cases) {
     Call call;

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -23,7 +24,21 @@ constexpr size_t kGpuAlignBytes = 16;
 
 const char* device_name(jf_device d) { return d == JF_DEVICE_CUDA ? "JF_DEVICE_CUDA" : "JF_DEVICE_CPU"; }
 
-void check_enum(const char* name, int value, int lo, int hi, const char* expected) {
+// a * b + c, or false when it (or a * b) does not fit in int64: signed overflow is undefined, and
+// strides and row counts come from the caller.
+bool checked_mul_add(int64_t a, int64_t b, int64_t c, int64_t* result) {
+  int64_t product = 0;
+  return !__builtin_mul_overflow(a, b, &product) && !__builtin_add_overflow(product, c, result);
+}
+
+// A C caller may store any int in an enum field (C allows it), but loading a value outside the
+// enumeration's range through the enum type is undefined in C++: the field is read as an int
+// until it has been checked.
+template <typename E>
+void check_enum(const char* name, const E& field, int lo, int hi, const char* expected) {
+  static_assert(sizeof(E) == sizeof(int), "the jf_* enums are int-sized");
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
   if (value < lo || value > hi) fail_argument(name, expected, value);
 }
 
@@ -40,6 +55,13 @@ bool is_device_pointer(const void* p) {
     return false;
   }
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+// lse (float) and the offsets (int32) are read and written as their type: a pointer that is not
+// aligned to it would be undefined behaviour on the CPU and a misaligned access on the GPU.
+void check_aligned(const char* name, const void* p, size_t align, const char* type) {
+  if (reinterpret_cast<uintptr_t>(p) % align != 0)
+    fail_argument(name, std::to_string(align) + "-byte alignment (" + type + ")", p);
 }
 
 void check_pointer_location(const std::string& name, const void* p, jf_device device) {
@@ -80,10 +102,25 @@ void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int
     e << ">= head_dim (" << head_dim << ")";
     fail_argument(name + ".head_stride", e.str(), t.head_stride);
   }
-  const int64_t min_row_stride = static_cast<int64_t>(heads - 1) * t.head_stride + head_dim;
-  if (t.row_stride < min_row_stride) {
+  int64_t min_row_stride = 0;  // also the elements a row's heads span
+  const bool representable = checked_mul_add(heads - 1, t.head_stride, head_dim, &min_row_stride);
+  if (!representable || t.row_stride < min_row_stride) {
     std::ostringstream e;
-    e << ">= (heads-1)*head_stride + head_dim = " << min_row_stride;
+    e << ">= (heads-1)*head_stride + head_dim = ";
+    if (representable)
+      e << min_row_stride;
+    else
+      e << "more than int64 holds";
+    fail_argument(name + ".row_stride", e.str(), t.row_stride);
+  }
+  // The view's bytes, from data to one past its last element, must fit in int64 (the overlap
+  // checks compute them): larger strides describe more memory than any caller has.
+  int64_t last = 0, span_bytes = 0;
+  if (rows > 0 && (!checked_mul_add(rows - 1, t.row_stride, min_row_stride, &last) ||
+                   __builtin_mul_overflow(last, static_cast<int64_t>(dtype_size(p.dtype)), &span_bytes))) {
+    std::ostringstream e;
+    e << "a view that fits in memory ((rows-1)*row_stride + (heads-1)*head_stride + head_dim elements of "
+      << dtype_size(p.dtype) << " bytes within int64, rows = " << rows << ")";
     fail_argument(name + ".row_stride", e.str(), t.row_stride);
   }
   if (rows > 0 && t.data == nullptr) fail_argument(name + ".data", "a non-null pointer", "NULL");
@@ -116,6 +153,8 @@ void check_problem(const jf_problem& p) {
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
   if (p.q_offsets == nullptr) fail_argument("problem.q_offsets", "a non-null pointer to B+1 int32", "NULL");
   if (p.kv_offsets == nullptr) fail_argument("problem.kv_offsets", "a non-null pointer to B+1 int32", "NULL");
+  check_aligned("problem.q_offsets", p.q_offsets, alignof(int32_t), "int32");
+  check_aligned("problem.kv_offsets", p.kv_offsets, alignof(int32_t), "int32");
 
   if (p.q.heads <= 0) fail_argument("problem.q.heads", "> 0", p.q.heads);
   if (p.k.heads <= 0) fail_argument("problem.k.heads", "> 0", p.k.heads);
@@ -222,6 +261,12 @@ ByteRange lse_range(const void* lse, int64_t heads, int64_t total_q) {
   return {b, b + static_cast<uintptr_t>(heads * total_q) * sizeof(float)};
 }
 
+// The offsets are inputs too: the implementations read them while they write the outputs.
+ByteRange offsets_range(const int32_t* offsets, int32_t batch_size) {
+  const auto b = reinterpret_cast<uintptr_t>(offsets);
+  return {b, b + (static_cast<uintptr_t>(batch_size) + 1) * sizeof(int32_t)};
+}
+
 }  // namespace
 
 void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total) {
@@ -246,11 +291,15 @@ void validate_forward_shapes(const jf_fwd_args& a) {
   check_problem(p);
   check_launch(a.launch, p);
   check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device);
   const ByteRange lse = lse_range(a.lse, p.q.heads, p.q.rows);
-  check_no_overlap(
-      {{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
-      {{"q", byte_range(p.q, p.dtype)}, {"k", byte_range(p.k, p.dtype)}, {"v", byte_range(p.v, p.dtype)}});
+  check_no_overlap({{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
+                   {{"q", byte_range(p.q, p.dtype)},
+                    {"k", byte_range(p.k, p.dtype)},
+                    {"v", byte_range(p.v, p.dtype)},
+                    {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
+                    {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}});
 }
 
 void validate_backward_shapes(const jf_bwd_args& a) {
@@ -264,6 +313,7 @@ void validate_backward_shapes(const jf_bwd_args& a) {
   check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p);
   if (a.lse == nullptr && p.q.rows > 0)
     fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
+  check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device);
   check_no_overlap({{"dq", byte_range(a.dq, p.dtype)},
                     {"dk", byte_range(a.dk, p.dtype)},
@@ -273,7 +323,9 @@ void validate_backward_shapes(const jf_bwd_args& a) {
                     {"v", byte_range(p.v, p.dtype)},
                     {"out", byte_range(a.out, p.dtype)},
                     {"dout", byte_range(a.dout, p.dtype)},
-                    {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
+                    {"lse", lse_range(a.lse, p.q.heads, p.q.rows)},
+                    {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
+                    {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}});
 }
 
 void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool require_workspace) {

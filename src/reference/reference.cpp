@@ -105,6 +105,7 @@ template <typename T>
 void load_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head, std::vector<double>& dst) {
   const int64_t d_count = t.head_dim;
   dst.resize(static_cast<size_t>(rows * d_count));
+  if (rows == 0) return;  // an empty view may have any strides: no pointer into it is formed
   const T* base = static_cast<const T*>(t.data) + head * t.head_stride;
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = base + (row_begin + r) * t.row_stride;
@@ -118,6 +119,7 @@ template <typename T>
 void store_head(const jf_tensor& t, int64_t row_begin, int64_t rows, int32_t head,
                 const std::vector<double>& src) {
   const int64_t d_count = t.head_dim;
+  if (rows == 0) return;
   T* base = static_cast<T*>(t.data) + head * t.head_stride;
   for (int64_t r = 0; r < rows; ++r) {
     T* row = base + (row_begin + r) * t.row_stride;
