@@ -7,16 +7,24 @@ CUDA tensors run the GPU path, CPU tensors the C++ float64 reference. The ops ar
 torch.ops.jagflash.fwd / .bwd (fake kernels and autograd included), so torch.compile with
 fullgraph=True and CUDA-graph capture hold them. Errors of the C library raise
 jagflash.JagflashError (InvalidArgumentError / UnsupportedError) with its message.
+
+From existing PyTorch code:
+    out = jagflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # FA2's signature
+    torch.nn.attention.activate_flash_attention_impl("jagflash")  # varlen_attn, nested and dense SDPA
+Importing jagflash registers "jagflash" with torch.nn.attention's registry; it activates nothing.
 """
-from . import ops
+from . import ops, registry
 from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
 from ._lib import lib as _load_library
 from ._lib import library_path
 from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets
+from .compat import flash_attn_varlen_func
 from .functional import attention, jagged_attention
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
 
 __version__ = "0.1.0"
+
+registry.register()
 
 
 def library_version() -> str:
@@ -31,6 +39,7 @@ __all__ = [
     "JagflashError",
     "UnsupportedError",
     "attention",
+    "flash_attn_varlen_func",
     "generate_lengths",
     "get_check_offsets",
     "jagged_attention",
@@ -38,6 +47,7 @@ __all__ = [
     "library_version",
     "ops",
     "read_device_error",
+    "registry",
     "set_check_offsets",
     "visible_pairs",
 ]

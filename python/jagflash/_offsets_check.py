@@ -19,6 +19,11 @@ from . import _capi, _errors, _lib
 # The values check_offsets= takes (None, where a call accepts it, means the module setting).
 CheckOffsets = Literal["auto", "host", "device"]
 MODES = ("auto", "host", "device")
+# Not a user setting: offsets jagflash builds itself (registry.py's dense SDPA path, fixed-length
+# sequences back to back) are valid by construction. They are checked on the device (no sync) and
+# their workspace is never remembered, so it cannot displace the one of the caller's last "device"
+# call that read_device_error() reads.
+BUILT = "built"
 _default_mode: CheckOffsets = "auto"
 # The workspaces of the last forward and the last backward that ran with check_offsets="device"
 # (the device check leaves its flag in them). Process-wide, not per thread: autograd runs CUDA
@@ -52,7 +57,7 @@ def resolve(mode: Optional[CheckOffsets]) -> CheckOffsets:
 
 def launch_value(mode: CheckOffsets, device: torch.device) -> int:
     """jf_offsets_check for one call, decided when the call runs (not when it is traced)."""
-    if mode == "device" or (mode == "auto" and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if mode in ("device", BUILT) or (mode == "auto" and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return _capi.CHECK_OFFSETS_DEVICE
     return _capi.CHECK_OFFSETS_HOST
 

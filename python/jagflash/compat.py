@@ -1,0 +1,124 @@
+"""FlashAttention's varlen entry point, so code written for flash_attn changes its import only:
+
+    from jagflash import flash_attn_varlen_func   # was: from flash_attn import flash_attn_varlen_func
+
+Signature, argument names and defaults are FlashAttention-2's (flash_attn 2.x,
+flash_attn_varlen_func), and so is the return convention: the output tensor alone.
+
+Why FA2's convention rather than FA3's: the two differ only when return_attn_probs=True. FA2 then
+returns (out, softmax_lse, S_dmask), S_dmask being the attention probabilities (with the dropout
+pattern); FA3 returns (out, softmax_lse) and no probabilities. A caller of this signature (FA2's:
+dropout_p third after the max_seqlens, alibi_slopes, block_table) wrote for FA2 and unpacks three
+values; handing it FA3's pair would fail later with an unpacking error, or worse be taken for
+something else. jagflash never forms the probabilities, so return_attn_probs=True raises, and says
+where the lse is: jagflash.jagged_attention(..., return_lse=True) returns (out, lse [H, total_q]),
+the layout both FA2 and FA3 use.
+
+Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
+softcap != 0, alibi_slopes, return_attn_probs=True, block_table); none is ignored.
+"""
+import numbers
+import operator
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import _capi
+from ._errors import UnsupportedError, invalid_argument
+from .functional import jagged_attention
+
+
+def _unsupported(option: str, why: str) -> UnsupportedError:
+    return UnsupportedError(f"flash_attn_varlen_func: {option} is not supported: {why}", _capi.ERR_UNSUPPORTED)
+
+
+def _hint(name: str, value: Any) -> Optional[int]:
+    """A max_seqlen as the int hint jagflash takes (None: no hint). FlashAttention requires these;
+    jagflash only uses them to pick a kernel, so they need not be exact."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        # int() of a CUDA tensor would sync the host in the middle of the call without a word.
+        raise invalid_argument(name, "a Python int (or None: jagflash needs no maximum)", "a tensor")
+    if isinstance(value, bool):
+        raise invalid_argument(name, "a Python int (or None: jagflash needs no maximum)", repr(value))
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise invalid_argument(name, "a Python int (or None: jagflash needs no maximum)", repr(value)) from None
+
+
+def _is_zero(name: str, value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise invalid_argument(name, "a number", repr(value))
+    return value == 0
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: Optional[int],
+    max_seqlen_k: Optional[int],
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Optional[Tensor] = None,
+) -> Tensor:
+    """FlashAttention-2's flash_attn_varlen_func on jagflash; returns out [total_q, H, D].
+
+    q: [total_q, H, D]; k, v: [total_k, H_kv, D], H % H_kv == 0 (head h of q attends to head
+    h // (H / H_kv) of k and v, as in FlashAttention). fp16/bf16 on the GPU (sm_90); CPU tensors
+    (fp32 too) run the C++ float64 reference.
+    cu_seqlens_q, cu_seqlens_k: int32 (or int64) [B+1] cumulative lengths on the tensors' device.
+    max_seqlen_q, max_seqlen_k: FlashAttention requires them; for jagflash they are hints for the
+    forward's kernel choice (when both are given), never required to be exact or even given
+    (None). A hint changes speed, not results.
+    dropout_p: 0.0 only. softmax_scale: default 1/sqrt(D).
+    causal, window_size=(left, right): FlashAttention's masks, bottom-right aligned when
+    seqlen_q != seqlen_k; -1 unbounded; causal with a left window is a causal sliding window.
+    softcap: 0.0 only. alibi_slopes: None only.
+    deterministic: True gives a bitwise reproducible backward (jagflash's forward always is);
+    False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
+    since torch's switch asks every op for its deterministic variant.
+    return_attn_probs: False only (see the module docstring: no probabilities to return; the lse
+    comes from jagflash.jagged_attention(..., return_lse=True)).
+    block_table: None only (no paged KV cache).
+    Differentiable in q, k and v.
+    """
+    if not _is_zero("dropout_p", dropout_p):
+        raise _unsupported(f"dropout_p={dropout_p}", "jagflash has no attention dropout; pass 0.0 (FlashAttention "
+                                                     "users typically pass `p if self.training else 0.0`)")
+    if not _is_zero("softcap", softcap):
+        raise _unsupported(f"softcap={softcap}", "jagflash has no logit soft-capping; pass 0.0")
+    if alibi_slopes is not None:
+        raise _unsupported("alibi_slopes", "jagflash has no ALiBi bias; pass None")
+    if block_table is not None:
+        raise _unsupported("block_table", "jagflash has no paged KV cache; pass None")
+    if not isinstance(return_attn_probs, bool):
+        raise invalid_argument("return_attn_probs", "True or False", repr(return_attn_probs))
+    if return_attn_probs:
+        raise _unsupported("return_attn_probs=True", "jagflash never forms the attention probabilities (FA2's "
+                                                     "S_dmask); for the softmax lse call jagflash.jagged_attention(q, "
+                                                     "k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True)")
+    if deterministic is False and torch.are_deterministic_algorithms_enabled():
+        deterministic = True
+    try:
+        window = tuple(window_size)
+    except TypeError:
+        window = ()
+    if len(window) != 2:
+        raise invalid_argument("window_size", "a pair (left, right) of ints, -1 = unbounded", repr(window_size))
+    return jagged_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
+        scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
+        max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
+    )

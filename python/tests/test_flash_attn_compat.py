@@ -1,0 +1,187 @@
+"""jagflash.flash_attn_varlen_func: FlashAttention-2's signature on jagged_attention. Bitwise equal to
+jagged_attention with the same arguments (the same launch underneath), close to the float64
+reference, every option jagflash does not have refused by name, max_seqlen_* taken as hints."""
+import inspect
+
+import pytest
+import torch
+
+import jagflash
+from jagflash import _capi
+from conftest import DEVICES, MASKS, TOLERANCES, assert_close, make_batch, reference
+
+# FlashAttention-2's flash_attn_varlen_func (flash_attn 2.x): names, order and defaults.
+FA2_SIGNATURE = [
+    ("q", inspect.Parameter.empty), ("k", inspect.Parameter.empty), ("v", inspect.Parameter.empty),
+    ("cu_seqlens_q", inspect.Parameter.empty), ("cu_seqlens_k", inspect.Parameter.empty),
+    ("max_seqlen_q", inspect.Parameter.empty), ("max_seqlen_k", inspect.Parameter.empty),
+    ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0),
+    ("alibi_slopes", None), ("deterministic", False), ("return_attn_probs", False), ("block_table", None),
+]
+
+
+def _batch(seed, device="cpu", **kwargs):
+    kwargs.setdefault("q_lengths", [7, 0, 1, 31, 12])
+    kwargs.setdefault("kv_lengths", [9, 4, 0, 31, 5])
+    return make_batch(seed, heads=4, kv_heads=2, device=device, **kwargs)
+
+
+def _max(lengths_offsets):
+    return int((lengths_offsets[1:] - lengths_offsets[:-1]).max())
+
+
+def test_signature_is_flash_attention_2s():
+    parameters = inspect.signature(jagflash.flash_attn_varlen_func).parameters.values()
+    assert [(p.name, p.default) for p in parameters] == FA2_SIGNATURE
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left8", "window_3_2", "window_unbounded_left_5"])
+def test_matches_jagged_attention_bitwise_and_the_reference(device, mask):
+    causal, window = MASKS[mask]
+    batch = _batch(301, device)
+    max_q, max_k = _max(batch.q_offsets), _max(batch.kv_offsets)
+
+    q, k, v = batch.leaves()
+    # deterministic on both sides: on the GPU dq is then bitwise reproducible too.
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, max_q, max_k, causal=causal,
+                                          window_size=window, deterministic=True)
+    assert isinstance(out, torch.Tensor)  # FA2's convention: the output alone
+    grads = torch.autograd.grad(out, (q, k, v), batch.dout)
+
+    q2, k2, v2 = batch.leaves()
+    expected = jagflash.jagged_attention(q2, k2, v2, batch.q_offsets, batch.kv_offsets, causal=causal, window=window,
+                                         max_seqlen_q=max_q, max_seqlen_kv=max_k, deterministic=True)
+    expected_grads = torch.autograd.grad(expected, (q2, k2, v2), batch.dout)
+    assert torch.equal(out, expected)
+    for got, want in zip(grads, expected_grads):
+        assert torch.equal(got, want)
+
+    ref_out, _, ref_dq, ref_dk, ref_dv = reference(batch, causal=causal, window=window)
+    tol_out, tol_grad = TOLERANCES[batch.q.dtype]
+    assert_close("out", out, ref_out, tol_out, batch.seed)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (ref_dq, ref_dk, ref_dv)):
+        assert_close(name, got, want, tol_grad, batch.seed)
+
+
+def test_positional_arguments_in_fa2_order():
+    batch = _batch(302)
+    q, k, v = batch.q, batch.k, batch.v
+    scale = 0.3
+    # dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, 31, 31, 0.0, scale, True,
+                                          (-1, -1), 0.0, None, False, False)
+    expected = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, causal=True, scale=scale)
+    assert torch.equal(out, expected)
+
+
+def test_int64_cu_seqlens():
+    batch = _batch(303)
+    out = jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets.long(), batch.kv_offsets.long(),
+                                          31, 31, causal=True)
+    expected = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, causal=True)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("max_q,max_k,hint", [
+    (31, 31, 31),
+    (1, 2, 2),          # below the true maxima: a hint, not checked, results unchanged
+    (10**6, 5, 10**6),  # far above
+    (None, 31, 0),      # no hint at all
+    (31, None, 0),
+])
+def test_max_seqlen_are_hints(launches, max_q, max_k, hint):
+    batch = _batch(304)
+    q, k, v = batch.leaves()
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, max_q, max_k, causal=True)
+    out.backward(batch.dout)
+    assert [(direction, launch.max_seqlen_hint) for direction, launch in launches] == [("fwd", hint), ("bwd", hint)]
+    expected = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, causal=True)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("kwargs,option", [
+    ({"dropout_p": 0.1}, "dropout_p=0.1"),
+    ({"softcap": 30.0}, "softcap=30.0"),
+    ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+    ({"return_attn_probs": True}, "return_attn_probs=True"),
+    ({"block_table": torch.zeros(3, 1, dtype=torch.int32)}, "block_table"),
+])
+def test_unsupported_options_raise_naming_the_option(kwargs, option, launches):
+    batch = _batch(305)
+    with pytest.raises(jagflash.UnsupportedError, match=f"flash_attn_varlen_func: {option} is not supported") as info:
+        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31, **kwargs)
+    assert info.value.status == _capi.ERR_UNSUPPORTED
+    assert launches == []  # refused before anything ran
+
+
+def test_return_attn_probs_points_to_the_lse():
+    batch = _batch(306)
+    with pytest.raises(jagflash.UnsupportedError, match=r"jagged_attention\(.*return_lse=True\)"):
+        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31,
+                                        return_attn_probs=True)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"max_seqlen_q": torch.tensor(31)}, "max_seqlen_q: expected a Python int"),
+    ({"max_seqlen_k": 3.5}, "max_seqlen_k: expected a Python int"),
+    ({"max_seqlen_q": True}, "max_seqlen_q: expected a Python int"),
+    ({"window_size": (1, 2, 3)}, "window_size: expected a pair"),
+    ({"window_size": 4}, "window_size: expected a pair"),
+    ({"dropout_p": "0"}, "dropout_p: expected a number"),
+    ({"return_attn_probs": 0}, "return_attn_probs: expected True or False"),
+    ({"causal": 1}, "causal: expected True or False"),
+])
+def test_malformed_arguments_raise(kwargs, match):
+    batch = _batch(307)
+    args = dict(max_seqlen_q=31, max_seqlen_k=31)
+    args.update(kwargs)
+    with pytest.raises(jagflash.InvalidArgumentError, match=match):
+        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, **args)
+
+
+def test_zero_options_of_any_number_type_are_accepted():
+    batch = _batch(308)
+    out = jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31,
+                                          dropout_p=0, softcap=0, window_size=[-1, -1])
+    assert torch.equal(out, jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets))
+
+
+@pytest.mark.parametrize("deterministic,torch_switch,expected", [
+    (True, False, 1),
+    (False, False, 0),
+    (False, True, 1),  # FA2's default False still follows torch.use_deterministic_algorithms(True)
+    (True, True, 1),
+])
+def test_deterministic(launches, deterministic, torch_switch, expected):
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(torch_switch)
+    try:
+        batch = _batch(309)
+        q, k, v = batch.leaves()
+        out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, 31, 31,
+                                              deterministic=deterministic)
+        out.backward(batch.dout)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert [(direction, launch.deterministic) for direction, launch in launches] == [("fwd", 0), ("bwd", expected)]
+
+
+def test_compiles_in_one_graph():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    batch = _batch(310)
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def fn(q, k, v, cu_q, cu_k):
+        return jagflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 31, 31, causal=True)
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(fn, backend=counter, fullgraph=True)(batch.q, batch.k, batch.v, batch.q_offsets,
+                                                                 batch.kv_offsets)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, fn(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets))
+    assert counter.frame_count == 1
