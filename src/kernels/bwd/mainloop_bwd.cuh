@@ -153,6 +153,14 @@ struct Consumer {
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
   static constexpr uint32_t kDqStageBytes = kBlockM * Traits::kHeadDim * sizeof(float);
 
+  static constexpr int kKeysPerWarpgroup = Traits::WgKeys::value;
+  // dQ's k-blocks (16 keys each) over warpgroup 0's keys.
+  static constexpr int kLowerKBlocks = kKeysPerWarpgroup / 16;
+  // Warpgroup 1 idles on tiles whose upper keys are past the sequence (below). At D = 64 the
+  // branches spread the dV/dK wgmma issue (descriptors rebuilt after the merge) and cost 5-16%
+  // on the long batches (compare.py, H200, 2026-12-01) for +7% on short: D = 128 only.
+  static constexpr bool kSkipIdleUpperKeys = Traits::kHeadDim == 128;
+
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
     typename Traits::TiledMmaSdP mma_sdp;
@@ -215,26 +223,27 @@ struct Consumer {
     constexpr int kRows = decltype(size<0>(s_rc))::value;  // 2
     constexpr int kCols = decltype(size<1>(s_rc))::value;  // 16: query rows of the Q block
     const int lane = thread % 32;
-    uint32_t uses = 0, dq_uses = 0;
+    // Q blocks consumed so far: the Q/dO ring's position and, as every block hands one dQ stage
+    // to the writer, the dQ ring's too (one counter: two kept a register more across the loop).
+    uint32_t uses = 0;
     constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
 
     // Hands a dQ stage to the writer: the targets (thread 0) and the partial, made visible to
     // the bulk copy's async proxy before the arrival.
     auto wait_dq_stage = [&](uint32_t stage) {
-      if (dq_uses >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((dq_uses / kDqStages) - 1) & 1);
+      if (uses >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((uses / kDqStages) - 1) & 1);
     };
     auto publish_dq_stage = [&](uint32_t stage) {
       cutlass::arch::fence_view_async_shared();
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.dq_full[stage]);
-      ++dq_uses;
     };
 
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
       EmptyBarrier::wait(&smem.tile_full[slot], (round / kSlots) & 1);
       if (!smem.has_tile[slot]) {
-        const uint32_t stage = dq_uses % kDqStages;
+        const uint32_t stage = uses % kDqStages;
         wait_dq_stage(stage);
         if (thread == 0) smem.dq_target[stage].stop = 1;
         publish_dq_stage(stage);
@@ -253,81 +262,96 @@ struct Consumer {
         for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
           const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
                          ds_buf = uses % Traits::kDsBuffers;
-          EmptyBarrier::wait(&smem.q_full[stage], phase);
-          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-              mma_sdp, thr_sdp.partition_fragment_A(sK()), thr_sdp.partition_fragment_B(sQ())(_, _, _, stage),
-              tSrS);
-          EmptyBarrier::wait(&smem.do_full[stage], phase);
-          warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-              mma_sdp, thr_sdp.partition_fragment_A(sV()),
-              thr_sdp.partition_fragment_B(sDo())(_, _, _, stage), tSrDp);
-
-          // The lse and delta of the Q block's rows (this thread's columns) are read from shared
-          // memory where they are used: kept in registers they pushed the consumers into spills.
           const int32_t row0 = m * kBlockM;
-          const int stat_skip = (t.q_start + row0) & 3;
-          const float* lse_c = smem.lse.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
-          const float* delta_c = smem.delta.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
-          // Whether every (row, key) pair of the block is visible and inside both sequences:
-          // then no mask arithmetic at all (the bulk of a long sequence's blocks).
-          const int32_t row_last = row0 + kBlockM - 1, key_last = key0 + kBlockN - 1;
-          const bool full_block = row_last < t.len_q && key_last < t.len_kv &&
-                                  p.mask.key_range(row_last, t.len_q, t.len_kv).lo <= key0 &&
-                                  p.mask.key_range(row0, t.len_q, t.len_kv).hi >= key_last;
+          // A short sequence's last KV block may end within the tile's lower 64 keys: then
+          // warpgroup 1 (the upper keys) skips S^T, dP^T, dS, dV and dK and dQ = dS K runs over
+          // the lower 64 keys only. (Per block, a causal or window edge hiding the upper keys
+          // from a Q block would qualify too; the predicates it needed pushed the tile's round
+          // counter into local memory at D = 128.)
+          const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
+          const bool computes = thread < 128 || upper_keys_seen;
+          const bool last_dp = m == t.m_hi && h == (t.kv_head + 1) * p.group - 1;
+          if (computes) {
+            EmptyBarrier::wait(&smem.q_full[stage], phase);
+            warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+                mma_sdp, thr_sdp.partition_fragment_A(sK()),
+                thr_sdp.partition_fragment_B(sQ())(_, _, _, stage), tSrS);
+            EmptyBarrier::wait(&smem.do_full[stage], phase);
+            warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+                mma_sdp, thr_sdp.partition_fragment_A(sV()),
+                thr_sdp.partition_fragment_B(sDo())(_, _, _, stage), tSrDp);
 
-          warpgroup_wait<1>();  // S^T is ready; dP^T may still run
-          warpgroup_fence_operand(tSrS);
-          // A block with hidden pairs (a mask edge, a sequence's end) first sets their scores to
-          // -inf in place; every block then takes the same exp2 loop (exp2(-inf) = 0). A thread
-          // holds two keys (rows) of S^T: per key, the queries that see it (the mask policy's
-          // query_range, empty past the sequence's keys), relative to the thread's first column:
-          // two ranges a thread instead of one per column.
-          if (!full_block) {
-            const int32_t col0 = row0 + coords.col_base;
+            // The lse and delta of the Q block's rows (this thread's columns) are read from shared
+            // memory where they are used: kept in registers they pushed the consumers into spills.
+            const int stat_skip = (t.q_start + row0) & 3;
+            const float* lse_c = smem.lse.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+            const float* delta_c =
+                smem.delta.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+            // Whether every (row, key) pair of the block is visible and inside both sequences:
+            // then no mask arithmetic at all (the bulk of a long sequence's blocks).
+            const int32_t row_last = row0 + kBlockM - 1, key_last = key0 + kBlockN - 1;
+            const bool full_block = row_last < t.len_q && key_last < t.len_kv &&
+                                    p.mask.key_range(row_last, t.len_q, t.len_kv).lo <= key0 &&
+                                    p.mask.key_range(row0, t.len_q, t.len_kv).hi >= key_last;
+
+            warpgroup_wait<1>();  // S^T is ready; dP^T may still run
+            warpgroup_fence_operand(tSrS);
+            // A block with hidden pairs (a mask edge, a sequence's end) first sets their scores to
+            // -inf in place; every block then takes the same exp2 loop (exp2(-inf) = 0). A thread
+            // holds two keys (rows) of S^T: per key, the queries that see it (the mask policy's
+            // query_range, empty past the sequence's keys), relative to the thread's first column:
+            // two ranges a thread instead of one per column.
+            if (!full_block) {
+              const int32_t col0 = row0 + coords.col_base;
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-              const int32_t j = key0 + coords.row(r);
-              const IndexRange queries =
-                  j < t.len_kv ? p.mask.query_range(j, t.len_q, t.len_kv) : IndexRange{0, -1};
-              const int32_t lo = static_cast<int32_t>(queries.lo) - col0;
-              const int32_t hi = static_cast<int32_t>(queries.hi) - col0;
+              for (int r = 0; r < kRows; ++r) {
+                const int32_t j = key0 + coords.row(r);
+                const IndexRange queries =
+                    j < t.len_kv ? p.mask.query_range(j, t.len_q, t.len_kv) : IndexRange{0, -1};
+                const int32_t lo = static_cast<int32_t>(queries.lo) - col0;
+                const int32_t hi = static_cast<int32_t>(queries.hi) - col0;
 #pragma unroll
-              for (int c = 0; c < kCols; ++c) {
-                const int off = AccumulatorCoords::col_offset(c);
-                if (off < lo || off > hi) s_rc(r, c) = -INFINITY;
+                for (int c = 0; c < kCols; ++c) {
+                  const int off = AccumulatorCoords::col_offset(c);
+                  if (off < lo || off > hi) s_rc(r, c) = -INFINITY;
+                }
               }
             }
-          }
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
+            for (int r = 0; r < kRows; ++r)
 #pragma unroll
-            for (int c = 0; c < kCols; ++c)
-              s_rc(r, c) = exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tSrDp);
-          if (m == t.m_hi && h == (t.kv_head + 1) * p.group - 1) {
-            __syncwarp();  // the tile's last dP GEMM has read V: the next tile's may load
+              for (int c = 0; c < kCols; ++c)
+                s_rc(r, c) =
+                    exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tSrDp);
+            if (last_dp) {
+              __syncwarp();  // the tile's last dP GEMM has read V: the next tile's may load
+              if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+              for (int c = 0; c < kCols; ++c)
+                dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
+#pragma unroll
+            for (int e = 0; e < size(tSrS); ++e) {
+              tPrP(e) = static_cast<Element>(tSrS(e));
+              tDsrDs(e) = static_cast<Element>(tSrDp(e));
+            }
+            // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by
+            // stmatrix from addresses derived here from a thread index read afresh (kept across the
+            // loop, they spilled).
+            store_ds_smem<StoreOffsets>(tDsrDs, smem_address(smem.ds.data()) + ds_buf * kDsBufferBytes,
+                                        fresh_consumer_thread());
+            cutlass::arch::fence_view_async_shared();
+          } else if (last_dp) {
+            __syncwarp();  // no dP GEMM of this warpgroup reads V any more
             if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
           }
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-#pragma unroll
-            for (int c = 0; c < kCols; ++c)
-              dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
-#pragma unroll
-          for (int e = 0; e < size(tSrS); ++e) {
-            tPrP(e) = static_cast<Element>(tSrS(e));
-            tDsrDs(e) = static_cast<Element>(tSrDp(e));
-          }
-          // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by
-          // stmatrix from addresses derived here from a thread index read afresh (kept across the
-          // loop, they spilled).
-          store_ds_smem<StoreOffsets>(tDsrDs, smem_address(smem.ds.data()) + ds_buf * kDsBufferBytes,
-                                      fresh_consumer_thread());
-          cutlass::arch::fence_view_async_shared();
           // This block's dQ partial into the next dQ stage, with where it goes.
           auto store_dq = [&] {
-            const uint32_t dq_stage = dq_uses % kDqStages;
+            const uint32_t dq_stage = uses % kDqStages;
             wait_dq_stage(dq_stage);
             store_dq_smem<StoreOffsets>(tDQrDQ, smem_address(smem.dq.data()) + dq_stage * kDqStageBytes,
                                         fresh_consumer_thread());
@@ -346,9 +370,16 @@ struct Consumer {
             publish_dq_stage(dq_stage);
           };
           auto issue_dq = [&] {
-            warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-                mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
-                thr_dq.partition_fragment_B(sKt()), tDQrDQ);
+            if (upper_keys_seen) {
+              warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+                  mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
+                  thr_dq.partition_fragment_B(sKt()), tDQrDQ);
+            } else {  // the lower 64 keys: the first half of the GEMM's k-blocks
+              warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false, /*kCommit=*/true,
+                             /*kKBlocks=*/kLowerKBlocks>(mma_dq,
+                                                         thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
+                                                         thr_dq.partition_fragment_B(sKt()), tDQrDQ);
+            }
           };
           auto issue_dv = [&] {
             warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
@@ -371,7 +402,14 @@ struct Consumer {
           };
           // Once dQ is done its partial goes to the dQ stage while the GEMMs after it still run,
           // so the tensor cores are not idle during the stage's stores.
-          if constexpr (Traits::kHeadDim == 64) {
+          if (!computes) {  // warpgroup 1 with no visible key: its half of dQ only
+            cutlass::arch::NamedBarrier::sync(256, 1);  // warpgroup 0's dS is in shared memory
+            issue_dq();
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tDQrDQ);
+            store_dq();
+            release_stage();
+          } else if constexpr (Traits::kHeadDim == 64) {
             // dQ first, then dV and dK.
             cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
             issue_dq();
@@ -405,7 +443,7 @@ struct Consumer {
         if (t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
         EmptyBarrier::arrive(&smem.k_empty);
       }
-      store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, thread);
+      store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, fresh_consumer_thread());
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);
     }
