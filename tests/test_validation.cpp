@@ -2,10 +2,13 @@
 // what was given, and outputs left exactly as they were.
 #include <jagflash/jagflash.h>
 
+#include "api/error.hpp"
+#include "api/validate.hpp"
 #include "testing/host_batch.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <string>
@@ -337,6 +340,80 @@ TEST(Validation, OutputArgumentErrors) {
     c.break_it(call);
     expect_error(jagflash_bwd(&call.bwd), c, call);
   }
+}
+
+// 16-byte aligned (the workspace's requirement) and inside the bytes p points to.
+void* inside(const void* p) {
+  return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p) + 15) / 16 * 16);
+}
+
+// Found by the C API fuzzer (tests/fuzz): the workspace was in no overlap check, so a GPU call
+// whose workspace lay over an input or an output was accepted, and its scratch (the plan, the
+// backward's accumulators, the error flag) was then written over the caller's tensors. A CPU
+// call needs no workspace, so validation is called as a GPU call's would be, with the size its
+// query returns; the pointers are host pointers, which validation of a CPU problem accepts.
+TEST(Validation, WorkspaceMustBeDisjointFromEveryInputAndOutput) {
+  constexpr size_t kNeeded = 64;
+  alignas(16) static int32_t q_offsets_copy[4] = {0, 3, 3, 8};  // the batch's q offsets (3, 0, 5)
+  struct Target {
+    const char* name;  // as the message names it
+    std::function<void*(Call&)> at;
+  };
+  const std::vector<Target> fwd_targets = {
+      {"the input q", [](Call& c) { return inside(c.fwd.problem.q.data); }},
+      {"the input v", [](Call& c) { return inside(c.fwd.problem.v.data); }},
+      {"the output out", [](Call& c) { return inside(c.fwd.out.data); }},
+      {"the output lse", [](Call& c) { return inside(c.fwd.lse); }},
+      {"the input problem.q_offsets", [&](Call& c) {
+         c.fwd.problem.q_offsets = q_offsets_copy;
+         return static_cast<void*>(q_offsets_copy);
+       }}};
+  for (const Target& t : fwd_targets) {
+    Call call;
+    call.fwd.launch.workspace = t.at(call);
+    call.fwd.launch.workspace_bytes = kNeeded;
+    try {
+      detail::validate_forward(call.fwd, kNeeded, /*require_workspace=*/true);
+      ADD_FAILURE() << "forward: a workspace over " << t.name << " was accepted";
+    } catch (const detail::ApiError& e) {
+      EXPECT_EQ(e.status(), JF_ERR_INVALID_ARGUMENT);
+      const std::string msg = e.what();
+      for (const std::string& part :
+           {std::string("launch.workspace: expected memory disjoint from ") + t.name,
+            std::string("first 64 bytes"), std::string("got an overlapping range")})
+        EXPECT_NE(msg.find(part), std::string::npos) << "message '" << msg << "' lacks '" << part << "'";
+    }
+    EXPECT_TRUE(call.outputs_untouched()) << t.name;
+  }
+  const std::vector<Target> bwd_targets = {
+      {"the output dq", [](Call& c) { return inside(c.bwd.dq.data); }},
+      {"the output dv", [](Call& c) { return inside(c.bwd.dv.data); }},
+      {"the input dout", [](Call& c) { return inside(c.bwd.dout.data); }},
+      {"the input out", [](Call& c) { return inside(c.bwd.out.data); }},
+      {"the input lse", [](Call& c) { return inside(c.bwd.lse); }},
+      {"the input k", [](Call& c) { return inside(c.bwd.problem.k.data); }}};
+  for (const Target& t : bwd_targets) {
+    Call call;
+    call.bwd.launch.workspace = t.at(call);
+    call.bwd.launch.workspace_bytes = kNeeded;
+    try {
+      detail::validate_backward(call.bwd, kNeeded, /*require_workspace=*/true);
+      ADD_FAILURE() << "backward: a workspace over " << t.name << " was accepted";
+    } catch (const detail::ApiError& e) {
+      EXPECT_EQ(e.status(), JF_ERR_INVALID_ARGUMENT);
+      const std::string msg = e.what();
+      const std::string part = std::string("launch.workspace: expected memory disjoint from ") + t.name;
+      EXPECT_NE(msg.find(part), std::string::npos) << "message '" << msg << "' lacks '" << part << "'";
+    }
+    EXPECT_TRUE(call.outputs_untouched()) << t.name;
+  }
+  // A workspace of its own passes, in both directions.
+  Call call;
+  alignas(16) static unsigned char own[kNeeded];
+  call.fwd.launch.workspace = call.bwd.launch.workspace = own;
+  call.fwd.launch.workspace_bytes = call.bwd.launch.workspace_bytes = kNeeded;
+  EXPECT_NO_THROW(detail::validate_forward(call.fwd, kNeeded, true));
+  EXPECT_NO_THROW(detail::validate_backward(call.bwd, kNeeded, true));
 }
 
 TEST(Validation, EmptyBatchIsLegal) {

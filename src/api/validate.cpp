@@ -241,10 +241,11 @@ void check_offsets(const jf_problem& p, const jf_launch& l) {
                         p.batch_size, p.k.rows);
 }
 
+using NamedRanges = std::vector<std::pair<std::string, ByteRange>>;
+
 // Outputs must not overlap each other or any input: a kernel reading q while writing out over
 // the same bytes would give a silently wrong result.
-void check_no_overlap(const std::vector<std::pair<std::string, ByteRange>>& outputs,
-                      const std::vector<std::pair<std::string, ByteRange>>& inputs) {
+void check_no_overlap(const NamedRanges& outputs, const NamedRanges& inputs) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t j = 0; j < outputs.size(); ++j)
       if (i < j && overlaps(outputs[i].second, outputs[j].second))
@@ -267,7 +268,58 @@ ByteRange offsets_range(const int32_t* offsets, int32_t batch_size) {
   return {b, b + (static_cast<uintptr_t>(batch_size) + 1) * sizeof(int32_t)};
 }
 
+// The call writes the workspace's first `needed` bytes (scratch, plan, device error flag) while
+// it reads the inputs and writes the outputs: those bytes must be disjoint from all of them.
+void check_workspace_disjoint(const jf_launch& l, size_t needed, const NamedRanges& outputs,
+                              const NamedRanges& inputs) {
+  if (needed == 0 || l.workspace == nullptr) return;
+  const auto b = reinterpret_cast<uintptr_t>(l.workspace);
+  if (b > std::numeric_limits<uintptr_t>::max() - needed)
+    fail_argument("launch.workspace", "a buffer of the queried size within the address space", l.workspace);
+  const ByteRange ws{b, b + needed};
+  for (const NamedRanges* list : {&outputs, &inputs})
+    for (const auto& r : *list)
+      if (overlaps(ws, r.second))
+        fail_argument("launch.workspace",
+                      "memory disjoint from " + std::string(list == &outputs ? "the output " : "the input ") +
+                          r.first + " (the call writes the workspace's first " + std::to_string(needed) +
+                          " bytes)",
+                      "an overlapping range");
+}
+
+// What a forward writes and what it reads, by argument name.
+NamedRanges forward_outputs(const jf_fwd_args& a) {
+  const jf_problem& p = a.problem;
+  return {{"out", byte_range(a.out, p.dtype)}, {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}};
+}
+NamedRanges problem_inputs(const jf_problem& p) {
+  return {{"q", byte_range(p.q, p.dtype)},
+          {"k", byte_range(p.k, p.dtype)},
+          {"v", byte_range(p.v, p.dtype)},
+          {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
+          {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}};
+}
+NamedRanges backward_outputs(const jf_bwd_args& a) {
+  const jf_problem& p = a.problem;
+  return {{"dq", byte_range(a.dq, p.dtype)},
+          {"dk", byte_range(a.dk, p.dtype)},
+          {"dv", byte_range(a.dv, p.dtype)}};
+}
+NamedRanges backward_inputs(const jf_bwd_args& a) {
+  const jf_problem& p = a.problem;
+  NamedRanges in = problem_inputs(p);
+  in.insert(in.begin() + 3, {{"out", byte_range(a.out, p.dtype)},
+                             {"dout", byte_range(a.dout, p.dtype)},
+                             {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
+  return in;
+}
+
 }  // namespace
+
+void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
+  check_problem(p);
+  check_launch(l, p);
+}
 
 void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total) {
   if (offsets[0] != 0) fail_argument(std::string(name) + "[0]", 0, offsets[0]);
@@ -293,13 +345,7 @@ void validate_forward_shapes(const jf_fwd_args& a) {
   check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device);
-  const ByteRange lse = lse_range(a.lse, p.q.heads, p.q.rows);
-  check_no_overlap({{"out", byte_range(a.out, p.dtype)}, {"lse", lse}},
-                   {{"q", byte_range(p.q, p.dtype)},
-                    {"k", byte_range(p.k, p.dtype)},
-                    {"v", byte_range(p.v, p.dtype)},
-                    {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
-                    {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}});
+  check_no_overlap(forward_outputs(a), problem_inputs(p));
 }
 
 void validate_backward_shapes(const jf_bwd_args& a) {
@@ -315,23 +361,14 @@ void validate_backward_shapes(const jf_bwd_args& a) {
     fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device);
-  check_no_overlap({{"dq", byte_range(a.dq, p.dtype)},
-                    {"dk", byte_range(a.dk, p.dtype)},
-                    {"dv", byte_range(a.dv, p.dtype)}},
-                   {{"q", byte_range(p.q, p.dtype)},
-                    {"k", byte_range(p.k, p.dtype)},
-                    {"v", byte_range(p.v, p.dtype)},
-                    {"out", byte_range(a.out, p.dtype)},
-                    {"dout", byte_range(a.dout, p.dtype)},
-                    {"lse", lse_range(a.lse, p.q.heads, p.q.rows)},
-                    {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
-                    {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}});
+  check_no_overlap(backward_outputs(a), backward_inputs(a));
 }
 
 void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool require_workspace) {
   validate_forward_shapes(a);
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
+    check_workspace_disjoint(a.launch, workspace_needed, forward_outputs(a), problem_inputs(a.problem));
     check_offsets(a.problem, a.launch);
   }
 }
@@ -340,6 +377,7 @@ void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool requi
   validate_backward_shapes(a);
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
+    check_workspace_disjoint(a.launch, workspace_needed, backward_outputs(a), backward_inputs(a));
     check_offsets(a.problem, a.launch);
   }
 }
