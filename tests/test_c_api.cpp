@@ -88,6 +88,97 @@ TEST(CApi, CpuForwardBackwardMatchReferenceAndClearError) {
   for (int d = 0; d < 64; ++d) EXPECT_EQ(call.out.get(row, 0, d), call.batch.v.get(key, 0, d));
 }
 
+// jagflash_query_backend on the CPU: the reference serves every CPU call, in both directions and
+// for every dtype / head dim; the query checks the problem and the launch as the calls do, and a
+// failed query leaves *served alone. (The GPU half is tests/test_gpu_backend.cpp.)
+TEST(CApi, BackendQueryOnTheCpu) {
+  CpuCall call(3);
+  for (jf_direction d : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD})
+    for (jf_dtype dtype : {JF_BF16, JF_FP16, JF_FP32})
+      for (int32_t head_dim : {64, 128, 256}) {
+        jf_problem p = call.fwd.problem;
+        p.dtype = dtype;  // the views' strides stay valid: only shapes are checked, nothing is read
+        p.q.head_dim = p.k.head_dim = p.v.head_dim = head_dim;
+        p.q.head_stride = p.k.head_stride = p.v.head_stride = head_dim;
+        p.q.row_stride = 4 * head_dim;
+        p.k.row_stride = p.v.row_stride = 2 * head_dim;
+        jf_launch l{};
+        jf_backend served = JF_BACKEND_HOPPER;
+        ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
+        EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+        l.backend = JF_BACKEND_REFERENCE;
+        served = JF_BACKEND_AUTO;
+        ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
+        EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+      }
+  // The call the query described runs (and clears the error a failed query left).
+  jf_backend served = JF_BACKEND_AUTO;
+  jf_launch l{};
+  l.backend = JF_BACKEND_ORACLE;  // a GPU backend for CPU pointers: refused as jagflash_fwd refuses it
+  EXPECT_EQ(jagflash_query_backend(&call.fwd.problem, &l, JF_DIRECTION_FORWARD, &served),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("launch.backend"), std::string::npos)
+      << jagflash_last_error();
+  EXPECT_EQ(served, JF_BACKEND_AUTO);
+  call.fwd.launch.backend = JF_BACKEND_ORACLE;
+  EXPECT_EQ(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT);
+  call.fwd.launch.backend = JF_BACKEND_AUTO;
+  ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+
+  jf_problem bad = call.fwd.problem;
+  bad.q.head_dim = 96;
+  jf_launch auto_launch{};
+  EXPECT_EQ(jagflash_query_backend(&bad, &auto_launch, JF_DIRECTION_BACKWARD, &served), JF_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(jagflash_last_error()).find("problem.q.head_dim"), std::string::npos);
+  EXPECT_EQ(served, JF_BACKEND_AUTO);
+
+  // NULL pointers and a direction outside the enum (a C caller may pass any int) are named.
+  EXPECT_EQ(jagflash_query_backend(nullptr, &auto_launch, JF_DIRECTION_FORWARD, &served),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("problem"), std::string::npos);
+  EXPECT_EQ(jagflash_query_backend(&call.fwd.problem, nullptr, JF_DIRECTION_FORWARD, &served),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("launch"), std::string::npos);
+  EXPECT_EQ(jagflash_query_backend(&call.fwd.problem, &auto_launch, JF_DIRECTION_FORWARD, nullptr),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("served"), std::string::npos);
+  jf_direction odd{};
+  const int seven = 7;
+  std::memcpy(&odd, &seven, sizeof odd);
+  EXPECT_EQ(jagflash_query_backend(&call.fwd.problem, &auto_launch, odd, &served), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error())
+                .find("direction: expected JF_DIRECTION_FORWARD or "
+                      "JF_DIRECTION_BACKWARD, got 7"),
+            std::string::npos)
+      << jagflash_last_error();
+  EXPECT_EQ(served, JF_BACKEND_AUTO);
+}
+
+TEST(CApi, BackendNames) {
+  EXPECT_STREQ(jagflash_backend_name(JF_BACKEND_AUTO), "auto");
+  EXPECT_STREQ(jagflash_backend_name(JF_BACKEND_REFERENCE), "reference");
+  EXPECT_STREQ(jagflash_backend_name(JF_BACKEND_ORACLE), "oracle");
+  EXPECT_STREQ(jagflash_backend_name(JF_BACKEND_HOPPER), "hopper");
+  jf_backend odd{};
+  const int nine = 9;
+  std::memcpy(&odd, &nine, sizeof odd);
+  EXPECT_STREQ(jagflash_backend_name(odd), "unknown");
+}
+
+TEST(CppApi, QueryBackend) {
+  CpuCall call(5);
+  jf_launch l{};
+  EXPECT_EQ(jagflash::query_backend(call.bwd.problem, l, JF_DIRECTION_BACKWARD), JF_BACKEND_REFERENCE);
+  l.backend = JF_BACKEND_HOPPER;
+  try {
+    jagflash::query_backend(call.fwd.problem, l, JF_DIRECTION_FORWARD);
+    ADD_FAILURE() << "JF_BACKEND_HOPPER on CPU pointers was accepted";
+  } catch (const jagflash::Error& e) {
+    EXPECT_EQ(e.status(), JF_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("launch.backend"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CppApi, ThrowsErrorWithStatusAndMessage) {
   CpuCall call(3);
   call.fwd.problem.q.head_dim = 96;

@@ -53,12 +53,13 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
- * kernel where it serves the call (sm_90, bf16/fp16; forward: head dim 64/128/256, backward: head
- * dim 64/128), else the oracle. */
+ * kernel where it serves the call (compute capability 9.0, bf16/fp16; forward: head dim
+ * 64/128/256, backward: head dim 64/128), else the oracle. jagflash_query_backend says which one
+ * a call runs. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
-  JF_BACKEND_ORACLE = 2,    /* GPU, fp32 math, no tensor cores: correctness over speed */
+  JF_BACKEND_ORACLE = 2,    /* GPU, fp32 math, no tensor cores: correct on every GPU, slow */
   JF_BACKEND_HOPPER = 3 /* GPU, sm_90a warp-specialised kernel; JF_ERR_UNSUPPORTED where it cannot serve */
 } jf_backend;
 
@@ -142,6 +143,30 @@ jf_status jagflash_fwd_workspace_size(const jf_fwd_args* args, size_t* bytes);
 jf_status jagflash_fwd(const jf_fwd_args* args);
 jf_status jagflash_bwd_workspace_size(const jf_bwd_args* args, size_t* bytes);
 jf_status jagflash_bwd(const jf_bwd_args* args);
+
+/* The direction a backend query is about. */
+typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 } jf_direction;
+
+/* Which backend serves a jagflash_fwd (JF_DIRECTION_FORWARD) or jagflash_bwd call with this
+ * problem and launch, on the current CUDA device: launch->backend resolved exactly as the call
+ * resolves it (both run the same choice), so a call that returned JF_OK was served by *served.
+ *   JF_BACKEND_REFERENCE  CPU pointers.
+ *   JF_BACKEND_HOPPER     fast path: compute capability 9.0 (H100, H200, GH200), bf16/fp16,
+ *                         head dim 64/128/256 (backward: 64/128), in a build with sm_90a.
+ *   JF_BACKEND_ORACLE     slow path (fp32 on CUDA cores, correct, one to two orders of magnitude
+ *                         slower): every other call on the GPU. On compute capability 9.0 it runs
+ *                         from SASS; on any other GPU of compute capability 8.0 or newer (A100,
+ *                         L40, B200, ...) from compute_80 PTX the driver compiles on first use.
+ * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
+ * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
+ * them: JF_ERR_UNSUPPORTED for a dtype/head dim this build does not instantiate, for
+ * JF_BACKEND_HOPPER where it cannot serve, and for a GPU this build has no device code for (older
+ * than compute capability 8.0). Reads no device memory and does not sync. */
+jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
+                                 jf_backend* served);
+
+/* "auto", "reference", "oracle" or "hopper"; "unknown" for any other value. */
+const char* jagflash_backend_name(jf_backend backend);
 
 /* After a JF_CHECK_OFFSETS_DEVICE call or a forward that reused a plan: synchronises `stream`
  * and reads the flag the call left in `workspace`. Returns JF_OK if the call's device checks

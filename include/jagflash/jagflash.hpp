@@ -82,6 +82,13 @@ inline size_t backward_workspace_size(const jf_bwd_args& args) {
   return bytes;
 }
 
+// The backend a call of `direction` runs (jagflash_query_backend).
+inline jf_backend query_backend(const jf_problem& problem, const jf_launch& launch, jf_direction direction) {
+  jf_backend served = JF_BACKEND_AUTO;
+  throw_if_error(jagflash_query_backend(&problem, &launch, direction, &served));
+  return served;
+}
+
 inline void forward(const jf_fwd_args& args) { throw_if_error(jagflash_fwd(&args)); }
 inline void backward(const jf_bwd_args& args) { throw_if_error(jagflash_bwd(&args)); }
 

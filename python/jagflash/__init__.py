@@ -14,6 +14,7 @@ From existing PyTorch code:
 Importing jagflash registers "jagflash" with torch.nn.attention's registry; it activates nothing.
 """
 from . import ops, registry
+from ._backend import SlowPathWarning, backend
 from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
 from ._lib import lib as _load_library
 from ._lib import library_path
@@ -37,8 +38,10 @@ __all__ = [
     "DISTRIBUTIONS",
     "InvalidArgumentError",
     "JagflashError",
+    "SlowPathWarning",
     "UnsupportedError",
     "attention",
+    "backend",
     "flash_attn_varlen_func",
     "generate_lengths",
     "get_check_offsets",

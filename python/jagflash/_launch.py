@@ -8,7 +8,7 @@ import ctypes
 
 import torch
 
-from . import _capi, _errors, _lib, _offsets_check
+from . import _backend, _capi, _errors, _lib, _offsets_check
 
 _DTYPES = {torch.bfloat16: _capi.BF16, torch.float16: _capi.FP16, torch.float32: _capi.FP32}
 # The GPU path loads with TMA: bases and strides must be multiples of 16 bytes.
@@ -117,6 +117,8 @@ def _call(size_fn, run_fn, args, device, check_mode, max_seqlen, deterministic=F
     args.launch.workspace = workspace.data_ptr() if workspace is not None else None
     args.launch.workspace_bytes = nbytes.value
     _errors.check(run_fn(ctypes.byref(args)), lib)
+    if device.type == "cuda":
+        _backend.note_cuda_call(args, device)  # SlowPathWarning, once, when the oracle served it
     return workspace
 
 

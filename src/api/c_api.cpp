@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -86,6 +87,39 @@ jf_status jagflash_bwd(const jf_bwd_args* args) {
     require_non_null("args", args);
     jagflash::detail::run_backward(*args);
   });
+}
+
+jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
+                                 jf_backend* served) {
+  return guarded([&] {
+    require_non_null("problem", problem);
+    require_non_null("launch", launch);
+    require_non_null("served", served);
+    // Read as an int: a C caller may pass any int, which C++ must not load through the enum.
+    int dir = 0;
+    static_assert(sizeof dir == sizeof direction, "the jf_* enums are int-sized");
+    std::memcpy(&dir, &direction, sizeof dir);
+    if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
+      jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
+    *served = jagflash::detail::query_backend(*problem, *launch, dir == JF_DIRECTION_BACKWARD);
+  });
+}
+
+const char* jagflash_backend_name(jf_backend backend) {
+  int value = 0;
+  std::memcpy(&value, &backend, sizeof value);
+  switch (value) {
+    case JF_BACKEND_AUTO:
+      return "auto";
+    case JF_BACKEND_REFERENCE:
+      return "reference";
+    case JF_BACKEND_ORACLE:
+      return "oracle";
+    case JF_BACKEND_HOPPER:
+      return "hopper";
+    default:
+      return "unknown";
+  }
 }
 
 jf_status jagflash_read_device_error(const void* workspace, void* stream) {

@@ -18,6 +18,32 @@
 namespace jagflash::detail {
 namespace {
 
+// The current GPU can run the oracle's device code: this build's SASS for it, or the portable PTX
+// (compute_80) the driver compiles for any GPU of that compute capability or newer. Else a clear
+// refusal, where the launch would fail with the runtime's "no kernel image".
+void require_oracle_image() {
+  cudaFuncAttributes attributes{};
+  const cudaError_t err = oracle::portable_image(&attributes);
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // not sticky: clear it
+  if (err == cudaErrorUnsupportedPtxVersion)
+    fail_argument("problem.device",
+                  "a driver that can compile this build's PTX (one for the CUDA version the library was "
+                  "built with)",
+                  "an older driver (cudaErrorUnsupportedPtxVersion)", JF_ERR_CUDA);
+  if (err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction)
+    fail_cuda("cudaFuncGetAttributes (loading the oracle)", err, cudaGetErrorName(err));
+  int device = 0, major = 0, minor = 0;
+  JF_CUDA_CHECK(cudaGetDevice(&device));
+  JF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  JF_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  std::ostringstream given;
+  given << "a GPU of compute capability " << major << "." << minor;
+  fail_argument("problem.device", "a GPU of compute capability 8.0 or newer (this build's device code)",
+                given.str(), JF_ERR_UNSUPPORTED);
+}
+
+// The oracle entry serving a GPU call, checked to be instantiated and runnable on this GPU.
 const oracle::Entry& oracle_for(const jf_problem& p) {
   const oracle::Entry* e = oracle::find(p.dtype, p.q.head_dim);
   if (e == nullptr) {
@@ -26,6 +52,7 @@ const oracle::Entry& oracle_for(const jf_problem& p) {
     fail_argument("problem.dtype/head_dim", "one this build instantiates (" + oracle::instantiated() + ")",
                   given.str(), JF_ERR_UNSUPPORTED);
   }
+  require_oracle_image();
   return *e;
 }
 
@@ -52,10 +79,13 @@ const Entry* hopper_entry_for(const jf_problem& p, const jf_launch& l, const Ent
   return device_ok ? found : nullptr;
 }
 
-const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
+const kernels::HopperForwardEntry* hopper_forward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
-      a.problem, a.launch, kernels::find_hopper_forward(a.problem.dtype, a.problem.q.head_dim),
+      p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim),
       "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)");
+}
+const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
+  return hopper_forward_for(a.problem, a.launch);
 }
 
 // The plan is built for the tile shape of the variant the launcher will choose for this call.
@@ -65,11 +95,13 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
                                           a.problem.q.rows, a.problem.k.rows, v.block_m(), v.block_n);
 }
 
-const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
-  return hopper_entry_for(a.problem, a.launch,
-                          kernels::find_hopper_backward(a.problem.dtype, a.problem.q.head_dim),
+const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
+  return hopper_entry_for(p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim),
                           "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as "
                           "instantiated in this build; head dim 256 is served by the oracle)");
+}
+const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
+  return hopper_backward_for(a.problem, a.launch);
 }
 
 WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
@@ -85,6 +117,15 @@ schedule::DevicePlanLayout hopper_backward_plan_layout(const jf_bwd_args& a) {
 }
 
 }  // namespace
+
+jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward) {
+  validate_problem_and_launch(p, l);
+  if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
+  const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
+  if (hopper) return JF_BACKEND_HOPPER;
+  oracle_for(p);  // the call's own checks: instantiated, and device code for this GPU
+  return JF_BACKEND_ORACLE;
+}
 
 size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);

@@ -1,5 +1,5 @@
 // From validated arguments to the implementation that serves them: the CPU reference for CPU
-// pointers, the GPU oracle (until the Hopper kernels land) for device pointers.
+// pointers; on the GPU the Hopper kernels where they serve the call, else the GPU oracle.
 #pragma once
 
 #include <jagflash/jagflash.h>
@@ -8,6 +8,9 @@
 
 namespace jagflash::detail {
 
+// The backend a call of that direction runs for `problem` and `launch` (the calls choose through
+// the same functions): jagflash_query_backend.
+jf_backend query_backend(const jf_problem& problem, const jf_launch& launch, bool backward);
 size_t forward_workspace_size(const jf_fwd_args& args);
 size_t backward_workspace_size(const jf_bwd_args& args);
 void run_forward(const jf_fwd_args& args);

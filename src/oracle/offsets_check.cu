@@ -34,4 +34,8 @@ cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_off
   return cudaGetLastError();
 }
 
+cudaError_t portable_image(cudaFuncAttributes* attributes) {
+  return cudaFuncGetAttributes(attributes, offsets_check_kernel);
+}
+
 }  // namespace jagflash::oracle

@@ -52,4 +52,11 @@ cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_off
                                  int64_t total_q, int64_t total_kv, int32_t* flag, bool check,
                                  cudaStream_t stream);
 
+// Attributes of the offsets check kernel as the current device loads it: the image the
+// oracle's files run from (they are all built with the same flags). ptxVersion 80 with
+// binaryVersion 90 on an H200 means the driver compiled the compute_80 PTX; an error
+// (cudaErrorNoKernelImageForDevice) means this build has no device code for the GPU. The first
+// call on a device loads the module (and compiles PTX, once).
+cudaError_t portable_image(cudaFuncAttributes* attributes);
+
 }  // namespace jagflash::oracle

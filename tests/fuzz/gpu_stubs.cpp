@@ -25,6 +25,7 @@ cudaError_t launch_offsets_check(const int32_t*, const int32_t*, int32_t, int64_
                                  cudaStream_t) {
   gpu_path_reached("oracle::launch_offsets_check");
 }
+cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("oracle::portable_image"); }
 }  // namespace jagflash::oracle
 
 namespace jagflash::kernels {

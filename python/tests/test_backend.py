@@ -1,0 +1,109 @@
+"""jagflash.backend (which path serves a call) and the SlowPathWarning the oracle gives once."""
+import warnings
+
+import pytest
+import torch
+
+import jagflash
+from jagflash import _backend, _capi
+from conftest import make_batch, needs_cuda
+
+
+@pytest.fixture
+def fresh_warning_state(monkeypatch):
+    """A process that has not warned yet and has asked the library about nothing."""
+    monkeypatch.setattr(_backend, "_warned", False)
+    monkeypatch.setattr(_backend, "_served", {})
+
+
+def _tensors(device, dtype=torch.bfloat16, head_dim=64):
+    q = torch.randn(10, 4, head_dim, dtype=dtype, device=device)
+    kv = torch.randn(7, 2, head_dim, dtype=dtype, device=device)
+    return q, kv, kv.clone(), torch.tensor([0, 4, 10], dtype=torch.int32, device=device), \
+        torch.tensor([0, 7, 7], dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cpu_tensors_are_served_by_the_reference(dtype, head_dim):
+    q, k, v, qo, kvo = _tensors("cpu", dtype, head_dim)
+    assert jagflash.backend(q, k, v, qo, kvo) == "reference"
+    assert jagflash.backend(q, k, v, qo, kvo, backward=True) == "reference"
+    assert jagflash.backend(q, k, v, qo.long(), kvo.long()) == "reference"  # int64 offsets too
+
+
+def test_backend_raises_where_the_call_would():
+    q, k, v, qo, kvo = _tensors("cpu", head_dim=64)
+    with pytest.raises(jagflash.UnsupportedError, match="head_dim"):
+        jagflash.backend(q[..., :48], k[..., :48], v[..., :48], qo, kvo)
+    with pytest.raises(jagflash.InvalidArgumentError, match="problem.k.heads"):
+        jagflash.backend(q, k[:, :1].expand(7, 3, 64), v[:, :1].expand(7, 3, 64), qo, kvo)
+    with pytest.raises(jagflash.InvalidArgumentError, match="backward: expected True or False"):
+        jagflash.backend(q, k, v, qo, kvo, backward=1)
+
+
+def test_slow_path_warns_once(fresh_warning_state, monkeypatch):
+    """The warning logic on its own (no GPU here): the oracle's first CUDA call warns, later ones
+    do not, and the library is asked once per (direction, dtype, head dim, device)."""
+    asked = []
+
+    def fake_query(problem, launch, direction):
+        asked.append((direction, problem.dtype, problem.q.head_dim))
+        return _backend.BACKEND_HOPPER if problem.dtype == _capi.BF16 else _backend.BACKEND_ORACLE
+
+    monkeypatch.setattr(_backend, "query", fake_query)
+    monkeypatch.setattr(_backend, "_warning_text", lambda d, p, dev: f"slow {d} {p.dtype}")
+    device = torch.device("cuda", 0)
+    fast = _capi.FwdArgs(problem=_capi.Problem(dtype=_capi.BF16, q=_capi.Tensor(head_dim=128)))
+    slow = _capi.BwdArgs(problem=_capi.Problem(dtype=_capi.FP32, q=_capi.Tensor(head_dim=64)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            _backend.note_cuda_call(fast, device)
+        assert not caught
+        for _ in range(3):
+            _backend.note_cuda_call(slow, device)
+            _backend.note_cuda_call(fast, device)
+    assert [(w.category, str(w.message)) for w in caught] == [(jagflash.SlowPathWarning, "slow 1 2")]
+    assert asked == [(0, _capi.BF16, 128), (1, _capi.FP32, 64)]
+
+
+def _expected(dtype, head_dim, backward):
+    hopper_gpu = torch.cuda.get_device_capability() == (9, 0)
+    fast = dtype in (torch.bfloat16, torch.float16) and (head_dim != 256 or not backward)
+    return "hopper" if hopper_gpu and fast else "oracle"
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cuda_backend_follows_the_readme_table(dtype, head_dim):
+    """On an H200 the Hopper kernels serve bf16/fp16 (backward: D <= 128); any other GPU, dtype or
+    head dim gets the oracle. A library built with JAGFLASH_PTX_ONLY has no Hopper kernels."""
+    q, k, v, qo, kvo = _tensors("cuda", dtype, head_dim)
+    for backward in (False, True):
+        got = jagflash.backend(q, k, v, qo, kvo, backward=backward)
+        if got == "oracle" and _expected(dtype, head_dim, backward) == "hopper":
+            pytest.skip("this library has no Hopper kernel for the call (a PTX-only or trimmed build)")
+        assert got == _expected(dtype, head_dim, backward)
+
+
+@needs_cuda
+def test_cuda_slow_path_warns_once_and_fast_path_never(fresh_warning_state):
+    fast = make_batch(3, q_lengths=[5, 40], kv_lengths=[9, 40], heads=4, kv_heads=2, dtype=torch.bfloat16,
+                      device="cuda")
+    slow = make_batch(4, q_lengths=[5, 40], kv_lengths=[9, 40], heads=4, kv_heads=2, dtype=torch.float32,
+                      device="cuda")
+    fast_is_fast = jagflash.backend(fast.q, fast.k, fast.v, fast.q_offsets, fast.kv_offsets) == "hopper"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            jagflash.jagged_attention(fast.q, fast.k, fast.v, fast.q_offsets, fast.kv_offsets, causal=True)
+        assert not caught or not fast_is_fast
+        for _ in range(3):
+            jagflash.jagged_attention(slow.q, slow.k, slow.v, slow.q_offsets, slow.kv_offsets, causal=True)
+    slow_warnings = [w for w in caught if issubclass(w.category, jagflash.SlowPathWarning)]
+    assert len(slow_warnings) == 1, [str(w.message) for w in caught]
+    text = str(slow_warnings[0].message)
+    assert "slow path" in text and "jagflash.backend" in text
+    assert "once" in text
