@@ -99,6 +99,20 @@ JF_HD bool same_plan_key(const PlanKey& a, const PlanKey& b) {
   return a.tag_and_tiles == b.tag_and_tiles && a.batch_size == b.batch_size && a.total_q == b.total_q &&
          a.total_kv == b.total_kv;
 }
+// The backward's plans list a sequence's KV blocks in either order and say which in this bit
+// of the stored key: set, first to last (the default); clear, last to first (its deterministic
+// mode, whose dQ turns follow the plan's order so a tile only ever waits for tiles handed out
+// before it). A plan serves either mode: the check of a reused plan ignores the bit.
+constexpr int64_t kPlanFirstBlockFirst = int64_t(1) << 31;
+JF_HD PlanKey with_block_order(PlanKey key, bool first_block_first) {
+  if (first_block_first) key.tag_and_tiles |= kPlanFirstBlockFirst;
+  return key;
+}
+JF_HD bool same_plan_key_either_order(PlanKey a, PlanKey b) {
+  a.tag_and_tiles &= ~kPlanFirstBlockFirst;
+  b.tag_and_tiles &= ~kPlanFirstBlockFirst;
+  return same_plan_key(a, b);
+}
 // The device error flag's bit for a mismatched plan (the offsets check owns bits 0..5,
 // oracle::OffsetsError).
 constexpr int32_t kPlanMismatchFlag = 1 << 6;

@@ -19,7 +19,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<Traits>*>(smem_raw);
   if (*p.error_flag) return;  // offsets failed the device check: write nothing
-  if (!schedule::same_plan_key(*p.plan_key, p.expected_plan_key)) {
+  const schedule::PlanKey stored_key = *p.plan_key;
+  if (!schedule::same_plan_key_either_order(stored_key, p.expected_plan_key)) {
     if (threadIdx.x == 0) atomicOr(p.error_flag, schedule::kPlanMismatchFlag);
     return;
   }
@@ -44,6 +45,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       EmptyBarrier::init(&smem.dq_full[s], kConsumerWarps);
       EmptyBarrier::init(&smem.dq_empty[s], 1);
     }
+    // The deterministic mode's turns follow the plan's order of a sequence's KV blocks.
+    smem.dq_turns_descending = (stored_key.tag_and_tiles & schedule::kPlanFirstBlockFirst) == 0;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();

@@ -140,6 +140,7 @@ struct SharedStorage {
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> lse;
   cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> delta;
   DqTarget dq_target[Traits::kDqStages];
+  int32_t dq_turns_descending;  // deterministic mode: a Q block's KV blocks add from the highest down
   static constexpr uint32_t kTileSlots = 2;
   TileInfo tile[kTileSlots];
   int32_t has_tile[kTileSlots];

@@ -359,11 +359,12 @@ struct Consumer {
               DqTarget target{};
               target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
               if (p.dq_sems != nullptr) {
-                // The KV blocks that see this Q block add in ascending order (the plan's): this
-                // one's turn comes after those below it.
+                // The KV blocks that see this Q block add in the plan's order of them (first to
+                // last, or last to first): this one's turn comes after those handed out before.
                 const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
                 target.sem = h * p.total_q + t.q_start + row0;
-                target.sem_turn = t.n_block - static_cast<int32_t>(n.lo);
+                target.sem_turn = smem.dq_turns_descending ? static_cast<int32_t>(n.hi) - t.n_block
+                                                           : t.n_block - static_cast<int32_t>(n.lo);
               }
               smem.dq_target[dq_stage] = target;
             }
