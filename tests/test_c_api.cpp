@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace jagflash {
 namespace {
@@ -29,6 +30,11 @@ TEST(CApi, NullArgumentsAreErrorsWithMessages) {
   EXPECT_EQ(jagflash_fwd_workspace_size(&a, nullptr), JF_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(jagflash_last_error()).find("bytes"), std::string::npos);
   EXPECT_EQ(jagflash_read_device_error(nullptr, nullptr), JF_ERR_INVALID_ARGUMENT);
+  // A host workspace holds no device flag: an argument error naming it, not a CUDA error.
+  std::vector<unsigned char> host_workspace(4096, 0);
+  EXPECT_EQ(jagflash_read_device_error(host_workspace.data(), nullptr), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(jagflash_last_error()).rfind("workspace: expected device memory", 0), 0u)
+      << jagflash_last_error();
 }
 
 struct CpuCall {

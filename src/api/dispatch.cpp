@@ -207,6 +207,9 @@ void run_backward(const jf_bwd_args& a) {
 void read_device_error(const void* workspace, void* stream) {
   if (workspace == nullptr)
     fail_argument("workspace", "the workspace of a JF_CHECK_OFFSETS_DEVICE call", "NULL");
+  // A CPU call's workspace (or any host pointer) holds no device flag: say so, not a CUDA error.
+  if (!is_device_pointer(workspace))
+    fail_argument("workspace", "device memory (the workspace of a GPU call)", "a host pointer");
   int32_t flag = 0;
   auto s = static_cast<cudaStream_t>(stream);
   JF_CUDA_CHECK(cudaMemcpyAsync(

@@ -47,16 +47,6 @@ void check_head_dim(const char* name, int32_t head_dim) {
     fail_argument(name, "64, 128 or 256", head_dim, JF_ERR_UNSUPPORTED);
 }
 
-// Where a pointer lives, as the CUDA runtime sees it.
-bool is_device_pointer(const void* p) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error of an unknown pointer
-    return false;
-  }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-}
-
 // lse (float) and the offsets (int32) are read and written as their type: a pointer that is not
 // aligned to it would be undefined behaviour on the CPU and a misaligned access on the GPU.
 void check_aligned(const char* name, const void* p, size_t align, const char* type) {
@@ -315,6 +305,16 @@ NamedRanges backward_inputs(const jf_bwd_args& a) {
 }
 
 }  // namespace
+
+// Where a pointer lives, as the CUDA runtime sees it.
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error of an unknown pointer
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
 
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
   check_problem(p);

@@ -23,6 +23,9 @@ void validate_backward_shapes(const jf_bwd_args& args);
 // The problem and the launch alone (what choosing a backend needs): jagflash_query_backend.
 void validate_problem_and_launch(const jf_problem& problem, const jf_launch& launch);
 
+// Whether the CUDA runtime knows `p` as device (or managed) memory; false without a driver.
+bool is_device_pointer(const void* p);
+
 // Host offsets [B+1]: offsets[0] == 0, non-decreasing, offsets[B] == total.
 void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total);
 
