@@ -9,6 +9,7 @@ so the loss falls within a few steps.
     torchrun --nproc_per_node=2 examples/train_ddp.py --mode ddp      # 2 GPUs, NCCL, bf16
     torchrun --nproc_per_node=2 examples/train_ddp.py --mode fsdp2
     python examples/train_ddp.py                                       # one process, one GPU
+    python examples/train_ddp.py --attention varlen_attn               # the same with PyTorch's FA2 kernel
     torchrun --nproc_per_node=2 examples/train_ddp.py --device cpu     # gloo + the C++ reference
 
 On CUDA the parameters are fp32 and the forward runs under bf16 autocast, so attention gets bf16
@@ -67,6 +68,9 @@ def add_arguments(parser):
                         help="sequences per rank: rank r takes gemskew lengths [r*N, (r+1)*N)")
     parser.add_argument("--length-divisor", type=int, default=None,
                         help="each length is divided by this (at least 1 token stays)")
+    parser.add_argument("--attention", choices=("jagflash", "varlen_attn"), default="jagflash",
+                        help="varlen_attn: torch.nn.attention.varlen.varlen_attn (PyTorch's FlashAttention-2 "
+                             "kernel on CUDA), the same model for a side-by-side tokens/s")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0, help="model init; rank r's features use seed + 1 + r")
     parser.add_argument("--report-json", default=None, help="append one JSON line per result (rank 0)")
@@ -129,16 +133,16 @@ def make_batch(args, rank, device):
 class JaggedBlock(nn.Module):
     """Pre-norm transformer block; attention mixes tokens only within each sequence."""
 
-    def __init__(self, dim, heads, head_dim):
+    def __init__(self, dim, heads, head_dim, attention="jagflash"):
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
+        self.heads, self.head_dim, self.attention = heads, head_dim, attention
         self.attn_norm = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out_proj = nn.Linear(heads * head_dim, dim)
         self.mlp_norm = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def forward(self, x, offsets):
+    def forward(self, x, offsets, max_len=None):
         # [total, 3, H, D]: q, k and v are strided views of one projection; jagflash reads them
         # in place.
         qkv = self.qkv(self.attn_norm(x)).unflatten(1, (3, self.heads, self.head_dim))
@@ -146,28 +150,36 @@ class JaggedBlock(nn.Module):
         # "device": the offsets are checked by a small kernel instead of a copy to the host, so
         # the step has no host sync per attention call; main() reads the flag once at the end.
         check = "device" if x.is_cuda else "host"
-        attn = jagflash.jagged_attention(q, k, v, offsets, causal=True, check_offsets=check)
+        if self.attention == "varlen_attn":  # the peer: needs the longest length on the host
+            from torch.nn.attention.varlen import varlen_attn
+
+            if max_len is None:
+                max_len = int((offsets[1:] - offsets[:-1]).max())
+            attn = varlen_attn(q, k, v, offsets, offsets, max_len, max_len, window_size=(-1, 0))
+        else:
+            attn = jagflash.jagged_attention(q, k, v, offsets, causal=True, check_offsets=check)
         x = x + self.out_proj(attn.flatten(1))
         return x + self.mlp(self.mlp_norm(x))
 
 
 class JaggedModel(nn.Module):
-    def __init__(self, dim, heads, head_dim, layers):
+    def __init__(self, dim, heads, head_dim, layers, attention="jagflash"):
         super().__init__()
-        self.blocks = nn.ModuleList(JaggedBlock(dim, heads, head_dim) for _ in range(layers))
+        self.blocks = nn.ModuleList(JaggedBlock(dim, heads, head_dim, attention) for _ in range(layers))
         self.head_norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, dim)
 
-    def forward(self, x, offsets):
+    def forward(self, x, offsets, max_len=None):
         for block in self.blocks:
-            x = block(x, offsets)
+            x = block(x, offsets, max_len)
         return self.head(self.head_norm(x))
 
 
 def build_model(args, device):
     """The same initial weights on every rank (seeded), as DDP and the gradient test expect."""
     torch.manual_seed(args.seed)
-    return JaggedModel(args.dim, args.heads, args.head_dim, args.layers).to(device)
+    attention = getattr(args, "attention", "jagflash")
+    return JaggedModel(args.dim, args.heads, args.head_dim, args.layers, attention).to(device)
 
 
 def wrap(model, mode, device):
@@ -189,7 +201,7 @@ def autocast(device):
 
 def batch_loss(model, batch):
     with autocast(batch.x.device):
-        out = model(batch.x, batch.offsets)
+        out = model(batch.x, batch.offsets, max(batch.lengths))
     return F.mse_loss(out.float(), batch.target)
 
 
@@ -241,6 +253,7 @@ def run_description(args, device):
     return dict(
         world_size=dist.get_world_size(), device=name, backend=args.backend,
         precision="bf16 autocast" if device.type == "cuda" else "fp32", heads=args.heads,
+        attention=getattr(args, "attention", "jagflash"),
         head_dim=args.head_dim, dim=args.dim, layers=args.layers, batch_sequences=args.batch_sequences,
         length_divisor=args.length_divisor, nvls_env={k: os.environ.get(k) for k in NVLS_OFF},
     )
