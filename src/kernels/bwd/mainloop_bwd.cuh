@@ -404,7 +404,10 @@ struct Consumer {
           // Once dQ is done its partial goes to the dQ stage while the GEMMs after it still run,
           // so the tensor cores are not idle during the stage's stores.
           if (!computes) {  // warpgroup 1 with no visible key: its half of dQ only
-            cutlass::arch::NamedBarrier::sync(256, 1);  // warpgroup 0's dS is in shared memory
+            // Warpgroup 0 meets this barrier at another instruction (below): the unaligned form
+            // (bar.sync there and here was a divergent barrier to compute-sanitizer's synccheck).
+            __syncwarp();
+            common::named_barrier_sync_unaligned(1, 256);  // warpgroup 0's dS is in shared memory
             issue_dq();
             warpgroup_wait<0>();
             warpgroup_fence_operand(tDQrDQ);
@@ -425,7 +428,12 @@ struct Consumer {
             // dV first, hiding the wait for the other warpgroup's dS; then dQ and dK (dQ first
             // after the barrier, with dV and dK behind it, spilled at D = 128).
             issue_dv();
-            cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
+            // Unaligned where warpgroup 1 may meet it in the branch above instead.
+            if constexpr (kSkipIdleUpperKeys) {
+              common::named_barrier_sync_unaligned(1, 256);  // both warpgroups' dS are in shared memory
+            } else {
+              cutlass::arch::NamedBarrier::sync(256, 1);
+            }
             issue_dq();
             issue_dk();
             warpgroup_wait<1>();  // dV and dQ are done; dK may still run

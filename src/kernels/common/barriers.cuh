@@ -9,4 +9,11 @@ namespace jagflash::kernels::common {
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
+// A named barrier that the participating warps may reach from different instructions.
+// cutlass::arch::NamedBarrier::sync is bar.sync, the .aligned form, which requires every thread
+// of the CTA to execute the same instruction; barrier.sync without .aligned does not.
+__device__ __forceinline__ void named_barrier_sync_unaligned(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace jagflash::kernels::common
