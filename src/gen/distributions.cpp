@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -182,11 +183,16 @@ extern "C" int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask
                      " and " + std::to_string(len_kv));
       return -1;
     }
-    if (mask != JF_MASK_NONE && mask != JF_MASK_CAUSAL && mask != JF_MASK_WINDOW) {
+    // A C caller may pass any int as the mask: its bytes are read as an int before the value is
+    // used as a jf_mask (an out-of-range value of the C++ enum type is undefined behaviour).
+    static_assert(sizeof(jf_mask) == sizeof(int), "jf_mask is int-sized");
+    int mask_value = 0;
+    std::memcpy(&mask_value, &mask, sizeof mask_value);
+    if (mask_value != JF_MASK_NONE && mask_value != JF_MASK_CAUSAL && mask_value != JF_MASK_WINDOW) {
       set_last_error(
           "jagflash_visible_pairs: mask must be JF_MASK_NONE, JF_MASK_CAUSAL or "
           "JF_MASK_WINDOW, got " +
-          std::to_string(static_cast<int>(mask)));
+          std::to_string(mask_value));
       return -1;
     }
     if (mask != JF_MASK_WINDOW && (window_left != -1 || window_right != -1)) {
