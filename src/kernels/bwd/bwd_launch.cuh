@@ -63,9 +63,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.num_heads = heads;
     pp.error_flag = launch.error_flag;
     using Shape = PreprocessShape<kHeadDim>;
-    const int64_t ctas = (launch.q_stride + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta * heads;
-    const unsigned grid = static_cast<unsigned>(ctas < (int64_t(1) << 30) ? ctas : (int64_t(1) << 30));
-    preprocess_kernel<Element, kHeadDim><<<grid, Shape::kThreads, 0, stream>>>(pp);
+    preprocess_kernel<Element, kHeadDim>
+        <<<Shape::grid(launch.q_stride, heads), Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
 
@@ -158,9 +157,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.scale = scale;
     pp.error_flag = launch.error_flag;
     using Shape = PreprocessShape<kHeadDim>;
-    const int64_t ctas = (pb.q.rows + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta * heads;
-    const unsigned grid = static_cast<unsigned>(ctas < (int64_t(1) << 30) ? ctas : (int64_t(1) << 30));
-    postprocess_kernel<Element, kHeadDim><<<grid, Shape::kThreads, 0, stream>>>(pp);
+    postprocess_kernel<Element, kHeadDim><<<Shape::grid(pb.q.rows, heads), Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

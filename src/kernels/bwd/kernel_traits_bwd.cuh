@@ -56,10 +56,6 @@ struct KernelTraits {
   using SmemAtomMN = decltype(GMMA::Layout_MN_SW128_Atom<Element>{});
   using SmemLayoutDs =
       decltype(tile_to_shape(SmemAtomMN{}, Shape<BlockM, BlockN, Int<Config::kDsBuffers>>{}));
-  // ... and as (keys, rows), the layout the consumers write it in (their S^T accumulator's).
-  using SmemLayoutDsT = decltype(composition(
-      SmemLayoutDs{},
-      make_ordered_layout(Shape<BlockN, BlockM, Int<Config::kDsBuffers>>{}, Step<_2, _1, _3>{})));
 
   // S^T = K Q^T and dP^T = V dO^T: the warpgroups stacked along M (keys), 64 keys x 64 rows each.
   using WgAlongM = Layout<Shape<_2, _1, _1>>;

@@ -44,10 +44,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
       : "memory");
 }
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <class Traits>
 struct Loader {
   using BlockM = typename Traits::BlockM;
@@ -342,7 +338,8 @@ struct Consumer {
             // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by
             // stmatrix from addresses derived here from a thread index read afresh (kept across the
             // loop, they spilled).
-            store_ds_smem<StoreOffsets>(tDsrDs, smem_address(smem.ds.data()) + ds_buf * kDsBufferBytes,
+            store_ds_smem<StoreOffsets>(tDsrDs,
+                                        cute::cast_smem_ptr_to_uint(smem.ds.data()) + ds_buf * kDsBufferBytes,
                                         fresh_consumer_thread());
             cutlass::arch::fence_view_async_shared();
           } else if (last_dp) {
@@ -353,8 +350,9 @@ struct Consumer {
           auto store_dq = [&] {
             const uint32_t dq_stage = uses % kDqStages;
             wait_dq_stage(dq_stage);
-            store_dq_smem<StoreOffsets>(tDQrDQ, smem_address(smem.dq.data()) + dq_stage * kDqStageBytes,
-                                        fresh_consumer_thread());
+            store_dq_smem<StoreOffsets>(
+                tDQrDQ, cute::cast_smem_ptr_to_uint(smem.dq.data()) + dq_stage * kDqStageBytes,
+                fresh_consumer_thread());
             if (thread == 0) {
               DqTarget target{};
               target.row = int64_t(h) * p.dq_rows + t.q_start + row0;

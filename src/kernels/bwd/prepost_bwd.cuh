@@ -36,6 +36,19 @@ struct PreprocessShape {
   static constexpr int kLanesPerRow = kHeadDim / 8;
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerCta = kThreads / kLanesPerRow;
+  // CTA c serves rows [kRowsPerCta (c / H), ...) of head c % H: consecutive CTAs read one row
+  // block's heads, contiguous memory in the usual [rows][heads][D] layout.
+  static __host__ __device__ int64_t ctas(int64_t rows, int32_t heads) {
+    return (rows + kRowsPerCta - 1) / kRowsPerCta * heads;
+  }
+  static __device__ int64_t thread_row(int64_t cta, int32_t heads) {
+    return (cta / heads) * kRowsPerCta + threadIdx.x / kLanesPerRow;
+  }
+  // The launch: one CTA per (row block, head), at most 2^30 (a grid-stride loop takes the rest).
+  static unsigned grid(int64_t rows, int32_t heads) {
+    const int64_t n = ctas(rows, heads);
+    return static_cast<unsigned>(n < (int64_t(1) << 30) ? n : (int64_t(1) << 30));
+  }
 };
 
 template <class Element, int kHeadDim>
@@ -44,12 +57,9 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   if (*p.error_flag) return;
   using Shape = PreprocessShape<kHeadDim>;
   const int sub = threadIdx.x % Shape::kLanesPerRow;
-  // CTA c serves rows [kRowsPerCta (c / H), ...) of head c % H: consecutive CTAs read one row
-  // block's heads, contiguous memory in the usual [rows][heads][D] layout.
-  const int64_t row_blocks = (p.q_stride + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta;
-  for (int64_t cta = blockIdx.x; cta < row_blocks * p.num_heads; cta += gridDim.x) {
+  for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.q_stride, p.num_heads); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
-    const int64_t row = (cta / p.num_heads) * Shape::kRowsPerCta + threadIdx.x / Shape::kLanesPerRow;
+    const int64_t row = Shape::thread_row(cta, p.num_heads);
     float sum = 0.f;
     if (row < p.total_q) {
       const uint4 o = *reinterpret_cast<const uint4*>(
@@ -86,18 +96,17 @@ struct PostprocessParams {
 };
 
 // Eight elements a thread: two 16-byte loads of the accumulator, one 16-byte store; a CTA takes
-// kRowsPerCta rows of one head, as the preprocess does (no 64-bit division per element: the
-// first version's four per item held it at 3.7 TB/s).
+// kRowsPerCta rows of one head, as the preprocess does. (The first version, with four 64-bit
+// divisions per item, ran at the same 3.7 TB/s: this one is memory-bound either way.)
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     postprocess_kernel(const PostprocessParams p) {
   if (*p.error_flag) return;
   using Shape = PreprocessShape<kHeadDim>;
   const int chunk = threadIdx.x % Shape::kLanesPerRow;
-  const int64_t row_blocks = (p.total_q + Shape::kRowsPerCta - 1) / Shape::kRowsPerCta;
-  for (int64_t cta = blockIdx.x; cta < row_blocks * p.num_heads; cta += gridDim.x) {
+  for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_q, p.num_heads); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
-    const int64_t row = (cta / p.num_heads) * Shape::kRowsPerCta + threadIdx.x / Shape::kLanesPerRow;
+    const int64_t row = Shape::thread_row(cta, p.num_heads);
     if (row >= p.total_q) continue;
     const float4* src =
         reinterpret_cast<const float4*>(p.dq_accum + (int64_t(h) * p.dq_rows + row) * kHeadDim + chunk * 8);
