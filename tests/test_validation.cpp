@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -23,6 +24,8 @@ struct Call {
   test::HostBatch batch;
   test::HostTensor out, dout, dq, dk, dv;
   std::vector<float> lse;
+  // A buffer a case may point arguments into (checked untouched like the outputs).
+  std::vector<int32_t> scratch, scratch_before;
   jf_fwd_args fwd{};
   jf_bwd_args bwd{};
 
@@ -56,7 +59,7 @@ struct Call {
         if (t->get_flat(i) != kSentinel) return false;
     for (float x : lse)
       if (x != static_cast<float>(kSentinel)) return false;
-    return true;
+    return scratch == scratch_before;
   }
 };
 
@@ -331,7 +334,17 @@ TEST(Validation, OutputArgumentErrors) {
        JF_ERR_INVALID_ARGUMENT,
        {"lse", "4-byte alignment"}},
       {"dq over kv_offsets",
-       [](Call& c) { c.bwd.dq.data = c.batch.kv_offsets.data(); },
+       [](Call& c) {
+         // kv_offsets at the start of a buffer as long as dq's view, dq over the whole buffer: no
+         // other input can lie inside dq's span (over the batch's own kv_offsets vector, the heap
+         // sometimes put q_offsets there too, and the message named that first).
+         const size_t dq_ints = static_cast<size_t>(c.dq.element_count()) * 2 / sizeof(int32_t);
+         c.scratch.assign(dq_ints + c.batch.kv_offsets.size(), 0x5a5a5a5a);
+         std::copy(c.batch.kv_offsets.begin(), c.batch.kv_offsets.end(), c.scratch.begin());
+         c.scratch_before = c.scratch;
+         c.bwd.problem.kv_offsets = c.scratch.data();
+         c.bwd.dq.data = c.scratch.data();
+       },
        JF_ERR_INVALID_ARGUMENT,
        {"dq", "disjoint", "problem.kv_offsets"}},
   };
