@@ -293,7 +293,15 @@ TEST(Validation, OutputArgumentErrors) {
        JF_ERR_INVALID_ARGUMENT,
        {"lse", "4-byte alignment"}},
       {"lse over q_offsets",
-       [](Call& c) { c.fwd.lse = reinterpret_cast<float*>(c.batch.q_offsets.data()); },
+       [](Call& c) {
+         // q_offsets at the start of a buffer as long as lse, lse over the whole buffer: no other
+         // input can lie inside lse's span (see "dq over kv_offsets" below).
+         c.scratch.assign(c.lse.size() + c.batch.q_offsets.size(), 0x5a5a5a5a);
+         std::copy(c.batch.q_offsets.begin(), c.batch.q_offsets.end(), c.scratch.begin());
+         c.scratch_before = c.scratch;
+         c.fwd.problem.q_offsets = c.scratch.data();
+         c.fwd.lse = reinterpret_cast<float*>(c.scratch.data());
+       },
        JF_ERR_INVALID_ARGUMENT,
        {"lse", "disjoint", "problem.q_offsets"}},
   };
