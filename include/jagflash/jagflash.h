@@ -112,6 +112,11 @@ typedef struct jf_launch {
    * are; dq may differ in the last bits (fp32 reduce-adds in arrival order). The forward is
    * always deterministic. */
   int32_t deterministic;
+  /* Non-zero: the caller vouches that every pointer of the call lives where problem.device says
+   * (a binding that takes them from torch tensors of one device knows it), so the call skips its
+   * pointer-location queries to the CUDA driver. 0: the call asks the driver, at most once per
+   * distinct allocation. */
+  int32_t caller_checked_pointers;
 } jf_launch;
 
 typedef struct jf_fwd_args {

@@ -83,6 +83,7 @@ class Launch(ctypes.Structure):
         ("reuse_plan", ctypes.c_int32),
         ("max_seqlen_hint", ctypes.c_int32),
         ("deterministic", ctypes.c_int32),
+        ("caller_checked_pointers", ctypes.c_int32),
     ]
 
 
