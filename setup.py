@@ -1,4 +1,6 @@
-"""Builds libjagflash.so with the project's own CMake build and ships it inside the package.
+"""Builds libjagflash.so with the project's own CMake build, then the compiled PyTorch binding
+libjagflash_torch.so against it and the target environment's torch (with g++ alone:
+python/build_backend/jagflash_binding.py), and ships both inside the package.
 
 The metadata is in pyproject.toml; this file only adds the native build step. It runs no
 installer and downloads nothing: the CUTLASS headers come from .deps/ (scripts/setup.sh) or else
@@ -27,6 +29,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "python" / "build_backend"))
+from jagflash_binding import build as build_binding  # noqa: E402
 from jagflash_build import cutlass_headers_dir, pinned_version  # noqa: E402
 
 
@@ -76,11 +79,13 @@ class BuildPyWithLibrary(build_py):
         package_dir = Path(self.build_lib) / "jagflash"
         package_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build_dir / "libjagflash.so", package_dir / "libjagflash.so")
+        build_binding(package_dir, package_dir)
 
 
 class BinaryDistribution(Distribution):
-    """The package holds a native libjagflash.so: not pure, so its wheel is tagged for the platform
-    and its files go to platlib (the library is loaded through ctypes; there is no extension)."""
+    """The package holds native libraries (libjagflash.so, the binding libjagflash_torch.so): not
+    pure, so its wheel is tagged for the platform and its files go to platlib. Neither is a
+    CPython extension (ctypes and torch.ops.load_library load them)."""
 
     def has_ext_modules(self):
         return True
@@ -88,7 +93,8 @@ class BinaryDistribution(Distribution):
 
 class PlatformWheel(bdist_wheel):
     """py3-none-<platform> (e.g. py3-none-linux_x86_64), not py3-none-any: the wheel runs on any
-    Python 3 of that platform, as it has no CPython extension."""
+    Python 3 of that platform, as it has no CPython extension (the binding uses torch's stable C
+    ABI, not Python's)."""
 
     def get_tag(self):
         _, _, plat = super().get_tag()

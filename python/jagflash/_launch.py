@@ -1,10 +1,16 @@
-"""Torch tensors -> the C API's structs -> one jagflash_fwd / jagflash_bwd call.
+"""Torch tensors -> one call of the compiled binding (torch.ops.jagflash_c.fwd / .bwd,
+python/binding/jagflash_torch.cpp) -> the C library's jagflash_fwd / jagflash_bwd.
 
-No math here: this file allocates the outputs and the workspace with torch (on the tensors'
-device, on the current stream), describes the tensors to the C library and checks its status.
+No math here, and little else: the binding checks the inputs, copies layouts the C API cannot
+read, allocates the outputs and the workspace through torch (on the tensors' device, on the
+current stream), fills the C structs and calls the library. This file passes the offsets check
+mode the binding is to use (_offsets_check.launch_value, decided when the call runs), keeps the
+workspace of a "device"-checked call (read_device_error), warns once when the slow path served a
+CUDA call, and turns the binding's errors into the package's exceptions with the C library's
+message. The ctypes descriptions below serve jagflash.backend() and that warning only.
 """
 import contextlib
-import ctypes
+import re
 
 import torch
 
@@ -17,7 +23,8 @@ _GPU_ALIGN_BYTES = 16
 
 def check_inputs(q, k, v, q_offsets, kv_offsets):
     """What must hold before the C library can even be described the call (ranks, one dtype, one
-    device, offsets as int32 vectors of one length). Shared by the real and the fake kernels, so a
+    device, offsets as int32 vectors of one length). Shared by the fake kernels and, on its error
+    path, the binding (which detects the same conditions and lets this function word them), so a
     traced call fails where an eager one would. Everything else the C library checks itself."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
@@ -43,6 +50,110 @@ def check_inputs(q, k, v, q_offsets, kv_offsets):
         )
 
 
+def check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets):
+    """check_inputs, and dout / out like q, lse float32 [H, total_q] (the C API takes lse as a
+    bare pointer: its shape and dtype can only be checked before the call)."""
+    check_inputs(q, k, v, q_offsets, kv_offsets)
+    for name, t in (("dout", dout), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise _errors.invalid_argument(
+                name, f"{q.dtype} {tuple(q.shape)} on {q.device} (like q)", f"{t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+    if lse.shape != (q.shape[1], q.shape[0]) or lse.dtype != torch.float32 or lse.device != q.device:
+        raise _errors.invalid_argument(
+            "lse", f"float32 [H, total_q] = {[q.shape[1], q.shape[0]]} on {q.device}",
+            f"{lse.dtype} {list(lse.shape)} on {lse.device}",
+        )
+
+
+# "[jagflash status N] message": how the binding reports a failed call (a RuntimeError to Python).
+_BINDING_ERROR = re.compile(r"\[jagflash status (\d+)\] (.*)", re.S)
+_INPUT_CHECK = "input check: "
+
+
+def _translated(error, recheck):
+    """The package's exception for a RuntimeError the binding raised (the C library's message
+    and status); the error itself if it did not come from the binding. A failed input check is
+    worded by `recheck` (check_inputs and friends), which raises."""
+    found = _BINDING_ERROR.search(str(error))
+    if found is None:
+        return error
+    status, message = int(found.group(1)), found.group(2).rstrip()
+    if message.startswith(_INPUT_CHECK):
+        recheck()
+    return _errors._BY_STATUS.get(status, _errors.JagflashError)(message, status)
+
+
+_fwd_op = None
+_bwd_op = None
+
+
+def _ops():
+    """The binding's two ops, loaded (libjagflash.so first, then the binding) on first use."""
+    global _fwd_op, _bwd_op
+    _lib.binding()
+    _fwd_op, _bwd_op = torch.ops.jagflash_c.fwd.default, torch.ops.jagflash_c.bwd.default
+    return _fwd_op, _bwd_op
+
+
+# (direction, dtype, head dim, device index) already shown to _backend.note_cuda_call: which path
+# serves a call depends on nothing else, so the warning is decided once per key.
+_noted = set()
+
+
+def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device):
+    """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend)."""
+    if _backend._warned:
+        return
+    key = (direction, q.dtype, q.shape[2], device.index)
+    if key in _noted:
+        return
+    _noted.add(key)
+    q, k, v = _prepared(q), _prepared(k), _prepared(v)
+    args_type = _capi.BwdArgs if direction == _backend.DIRECTION_BACKWARD else _capi.FwdArgs
+    args = args_type(problem=_problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0),
+                     launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
+    with _device_guard(device):
+        _backend.note_cuda_call(args, device)
+
+
+def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
+    """out [total_q, H, D] (q's dtype) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
+    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint)."""
+    fwd_op = _fwd_op or _ops()[0]
+    device = q.device
+    try:
+        out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
+                                     _offsets_check.launch_value(check_mode, device), max_seqlen)
+    except RuntimeError as error:
+        raise _translated(error, lambda: check_inputs(q, k, v, q_offsets, kv_offsets)) from None
+    _offsets_check.remember("forward", check_mode, workspace)
+    if device.type == "cuda":
+        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, q_offsets, kv_offsets, device)
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
+             max_seqlen=0, deterministic=False):
+    """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads.
+    deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
+    always are)."""
+    bwd_op = _bwd_op or _ops()[1]
+    device = q.device
+    try:
+        dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
+                                       window_right, scale, _offsets_check.launch_value(check_mode, device),
+                                       max_seqlen, bool(deterministic))
+    except RuntimeError as error:
+        raise _translated(error, lambda: check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)) from None
+    _offsets_check.remember("backward", check_mode, workspace)
+    if device.type == "cuda":
+        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, q_offsets, kv_offsets, device)
+    return dq, dk, dv
+
+
+# The C structs described from Python, for what the binding does not do: the backend query
+# (jagflash.backend, the slow-path warning). The binding applies the same layout rules.
 def _strides(t):
     """(row_stride, head_stride) as the C API reads them. A stride over a dimension of size 1 is
     never used to address anything, so it is replaced by the smallest legal one (torch leaves
@@ -99,86 +210,6 @@ def _problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sc
     )
 
 
-def _stream(device):
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-
-
-def _call(size_fn, run_fn, args, device, check_mode, max_seqlen, deterministic=False):
-    """Workspace query, allocation on the device, then the call; returns the workspace."""
-    lib = _lib.lib()
-    args.launch.stream = _stream(device)
-    args.launch.max_seqlen_hint = max_seqlen
-    args.launch.deterministic = int(deterministic)
-    args.launch.offsets_check = _offsets_check.launch_value(check_mode, device)
-    args.launch.backend = _capi.BACKEND_AUTO
-    nbytes = ctypes.c_size_t(0)
-    _errors.check(size_fn(ctypes.byref(args), ctypes.byref(nbytes)), lib)
-    workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=device) if nbytes.value else None
-    args.launch.workspace = workspace.data_ptr() if workspace is not None else None
-    args.launch.workspace_bytes = nbytes.value
-    _errors.check(run_fn(ctypes.byref(args)), lib)
-    if device.type == "cuda":
-        _backend.note_cuda_call(args, device)  # SlowPathWarning, once, when the oracle served it
-    return workspace
-
-
 def _device_guard(device):
-    """The C library launches on the current CUDA device: make it the tensors' one."""
+    """The C library works on the current CUDA device: make it the tensors' one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
-    """out [total_q, H, D] (q's dtype) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
-    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint)."""
-    check_inputs(q, k, v, q_offsets, kv_offsets)
-    q, k, v = _prepared(q), _prepared(k), _prepared(v)
-    q_offsets, kv_offsets = q_offsets.contiguous(), kv_offsets.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    args = _capi.FwdArgs(
-        problem=_problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale),
-        out=_describe(out),
-        lse=lse.data_ptr() or None,
-    )
-    lib = _lib.lib()
-    with _device_guard(q.device):
-        workspace = _call(lib.jagflash_fwd_workspace_size, lib.jagflash_fwd, args, q.device, check_mode, max_seqlen)
-    _offsets_check.remember("forward", check_mode, workspace)
-    return out, lse
-
-
-def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
-             max_seqlen=0, deterministic=False):
-    """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads.
-    deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
-    always are)."""
-    check_inputs(q, k, v, q_offsets, kv_offsets)
-    for name, t in (("dout", dout), ("out", out)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise _errors.invalid_argument(
-                name, f"{q.dtype} {tuple(q.shape)} on {q.device} (like q)", f"{t.dtype} {tuple(t.shape)} on {t.device}"
-            )
-    # The C API takes lse as a bare float pointer: its shape and dtype can only be checked here.
-    if lse.shape != (q.shape[1], q.shape[0]) or lse.dtype != torch.float32 or lse.device != q.device:
-        raise _errors.invalid_argument(
-            "lse", f"float32 [H, total_q] = {[q.shape[1], q.shape[0]]} on {q.device}",
-            f"{lse.dtype} {list(lse.shape)} on {lse.device}",
-        )
-    q, k, v, out, dout = (_prepared(t) for t in (q, k, v, out, dout))
-    lse, q_offsets, kv_offsets = lse.contiguous(), q_offsets.contiguous(), kv_offsets.contiguous()
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    args = _capi.BwdArgs(
-        problem=_problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale),
-        out=_describe(out),
-        dout=_describe(dout),
-        lse=lse.data_ptr() or None,
-        dq=_describe(dq),
-        dk=_describe(dk),
-        dv=_describe(dv),
-    )
-    lib = _lib.lib()
-    with _device_guard(q.device):
-        workspace = _call(lib.jagflash_bwd_workspace_size, lib.jagflash_bwd, args, q.device, check_mode, max_seqlen,
-                          deterministic)
-    _offsets_check.remember("backward", check_mode, workspace)
-    return dq, dk, dv

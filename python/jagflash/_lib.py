@@ -1,10 +1,14 @@
-"""Finds and loads libjagflash.so once, and declares the C functions' signatures.
+"""Finds and loads libjagflash.so once, and declares the C functions' signatures; then the
+compiled PyTorch binding next to it (libjagflash_torch.so: torch.ops.jagflash_c.fwd / .bwd).
 
-Search order (the first that exists wins):
+Search order for the library (the first that exists wins):
   1. $JAGFLASH_LIBRARY, a path to the library (a build carried to another machine): when set, it
      is the only candidate, and a path that is not a file raises;
   2. the copy that `pip install .` ships inside the package;
   3. <repo>/build/libjagflash.so, for a source checkout on PYTHONPATH=python.
+The binding is the libjagflash_torch.so in the same folder as the library found: `pip install .`
+builds it into the package; in a build folder, `python python/build_backend/jagflash_binding.py
+<build-dir>` builds it there (against the torch of the Python running it).
 """
 import ctypes
 import functools
@@ -15,6 +19,7 @@ from typing import List
 from . import _capi
 
 _LIBRARY_NAME = "libjagflash.so"
+_BINDING_NAME = "libjagflash_torch.so"
 
 
 def candidate_paths() -> List[Path]:
@@ -77,4 +82,36 @@ def lib() -> ctypes.CDLL:
     """The loaded library. Loaded on first use, so `import jagflash` works before it is built."""
     handle = ctypes.CDLL(library_path())
     _declare(handle)
+    return handle
+
+
+def binding_path() -> str:
+    """Path of the compiled PyTorch binding: libjagflash_torch.so next to the library."""
+    path = Path(library_path()).parent / _BINDING_NAME
+    if not path.is_file():
+        raise OSError(
+            f"jagflash: the PyTorch binding {path} is missing (the library is {library_path()}). "
+            "`pip install .` builds both; for a build folder run "
+            f"`python python/build_backend/jagflash_binding.py {path.parent}`."
+        )
+    return str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def binding() -> ctypes.CDLL:
+    """Loads the binding (registering torch.ops.jagflash_c.*) after the library, whose copy its
+    dependency on libjagflash.so then resolves to (by soname): the binding calls the library this
+    module chose, $JAGFLASH_LIBRARY included. Returns its ctypes handle (the test hooks)."""
+    import torch  # here, not at the top: the ctypes utilities work without torch's import cost
+
+    lib()
+    path = binding_path()
+    torch.ops.load_library(path)
+    handle = ctypes.CDLL(path)
+    handle.jagflash_torch_record_fields.argtypes = []
+    handle.jagflash_torch_record_fields.restype = ctypes.c_int
+    handle.jagflash_torch_set_recording.argtypes = [ctypes.c_int]
+    handle.jagflash_torch_set_recording.restype = None
+    handle.jagflash_torch_take_records.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
+    handle.jagflash_torch_take_records.restype = ctypes.c_int64
     return handle

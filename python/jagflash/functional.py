@@ -4,7 +4,7 @@ from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
 import torch
 from torch import Tensor
 
-from . import _offsets_check, ops
+from . import _launch, _offsets_check, ops
 from ._errors import InvalidArgumentError, invalid_argument
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
@@ -173,7 +173,11 @@ def jagged_attention(
             _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic))
     try:
         if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
-            out, lse = ops.EagerAttention.apply(*args)
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                out, lse = ops.EagerAttention.apply(*args)
+            else:
+                # Nothing to differentiate: the binding's op alone (no autograd node to build).
+                out, lse = _launch.forward(*args[:-1])
         else:
             out, lse = ops.fwd(*args)
     except InvalidArgumentError as error:

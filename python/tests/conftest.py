@@ -1,6 +1,7 @@
 """Shared pieces of the jagflash tests: devices, random jagged batches, and the float64 oracle
 (torch's scaled_dot_product_attention per sequence, on upcast tensors, with the mask built
 explicitly)."""
+import ctypes
 import math
 import os
 import sys
@@ -18,7 +19,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     import jagflash
 
-from jagflash import _capi, _launch  # noqa: E402
+from jagflash import _capi, _lib  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
@@ -47,22 +48,69 @@ MASKS = {
 }
 
 
+class RecordedLaunches(list):
+    """The binding's record of its C calls, as ("fwd" or "bwd", jf_launch) pairs, brought in from
+    the binding whenever the list is read."""
+
+    def __init__(self, binding):
+        super().__init__()
+        self._binding = binding
+        self._fields = binding.jagflash_torch_record_fields()
+
+    def _pull(self):
+        count = self._binding.jagflash_torch_take_records(None, 0)
+        if not count:
+            return
+        while True:
+            buffer = (ctypes.c_int64 * count)()
+            taken = self._binding.jagflash_torch_take_records(buffer, count)
+            if taken <= count:
+                break
+            count = taken  # more were recorded meanwhile: a larger buffer
+        for i in range(0, taken, self._fields):
+            (direction, offsets_check, backend, reuse_plan, max_seqlen_hint, deterministic, caller_checked_pointers,
+             stream, workspace_bytes, workspace) = buffer[i:i + self._fields]
+            launch = _capi.Launch(workspace=workspace or None, workspace_bytes=workspace_bytes, stream=stream or None,
+                                  offsets_check=offsets_check, backend=backend, reuse_plan=reuse_plan,
+                                  max_seqlen_hint=max_seqlen_hint, deterministic=deterministic,
+                                  caller_checked_pointers=caller_checked_pointers)
+            super().append(("fwd" if direction == 0 else "bwd", launch))
+
+    def __iter__(self):
+        self._pull()
+        return super().__iter__()
+
+    def __len__(self):
+        self._pull()
+        return super().__len__()
+
+    def __getitem__(self, index):
+        self._pull()
+        return super().__getitem__(index)
+
+    def __eq__(self, other):
+        self._pull()
+        return list(super().__iter__()) == other
+
+    __hash__ = None
+
+    def clear(self):
+        self._pull()
+        super().clear()
+
+
 @pytest.fixture
-def launches(monkeypatch):
+def launches():
     """Every C call jagflash makes, in order, as ("fwd" or "bwd", a copy of its jf_launch as the
     call saw it): what a test reads when the results cannot show a setting (the CPU reference
-    ignores the kernel hints)."""
-    seen = []
-    call = _launch._call
-
-    def recording_call(size_fn, run_fn, args, *rest, **kwargs):
-        workspace = call(size_fn, run_fn, args, *rest, **kwargs)
-        direction = "fwd" if isinstance(args, _capi.FwdArgs) else "bwd"
-        seen.append((direction, _capi.Launch.from_buffer_copy(args.launch)))
-        return workspace
-
-    monkeypatch.setattr(_launch, "_call", recording_call)
-    return seen
+    ignores the kernel hints). Recorded by the compiled binding (python/binding/)."""
+    binding = _lib.binding()
+    recorded = RecordedLaunches(binding)
+    binding.jagflash_torch_set_recording(1)
+    recorded.clear()
+    yield recorded
+    binding.jagflash_torch_set_recording(0)
+    recorded.clear()
 
 
 @dataclass

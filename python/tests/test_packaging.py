@@ -88,6 +88,32 @@ def test_backend_asks_for_cmake_only_without_a_recent_one(monkeypatch, version_t
     assert ("cmake>=3.24" in backend.native_build_requires()) == (not enough)
 
 
+@pytest.mark.parametrize("has_torch", [True, False])
+def test_backend_asks_for_torch_only_when_the_target_environment_has_none(tmp_path, monkeypatch, has_torch):
+    """The binding builds against the installed torch when there is one (no second torch in the
+    build environment); else pip must bring the package's own torch requirement."""
+    backend = load_backend()
+    monkeypatch.setattr(backend, "find_torch_dir", lambda: tmp_path if has_torch else None)
+    (dependency,) = [d for d in pyproject_dependencies() if re.match(r"torch\b", d)]
+    torch_requires = [r for r in backend.native_build_requires() if re.match(r"torch\b", r)]
+    assert torch_requires == ([] if has_torch else [dependency])
+
+
+def test_binding_finds_the_torch_it_runs_with():
+    """Outside pip's isolation the binding is built against the torch this Python imports."""
+    spec = importlib.util.spec_from_file_location("jagflash_binding_under_test",
+                                                  ROOT / "python" / "build_backend" / "jagflash_binding.py")
+    binding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(binding)
+    assert binding.find_torch_dir() == Path(torch.__file__).resolve().parent
+
+
+def pyproject_dependencies():
+    """pyproject.toml's dependencies, read without tomllib (Python 3.10 has none)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    return re.findall(r'"([^"]+)"', re.search(r"^dependencies\s*=\s*\[([^\]]*)\]", text, re.M).group(1))
+
+
 PUBLIC_FUNCTIONS = [name for name in jagflash.__all__
                     if inspect.isfunction(getattr(jagflash, name))]
 

@@ -1,0 +1,420 @@
+// The compiled PyTorch binding: torch.ops.jagflash_c.fwd / .bwd, registered through torch's stable
+// C ABI (torch/csrc/stable, built with TORCH_TARGET_VERSION 2.9), so one binary serves every torch
+// release from 2.9 on that keeps that ABI, and it has no Python dependency of its own.
+//
+// No math here, as in the ctypes path it replaces (python/jagflash/_launch.py): it checks what
+// must hold before the C library can be described the call, copies inputs whose layout the C API
+// cannot read, allocates the outputs and the workspace through torch (the caching allocator on
+// CUDA, on the tensors' device), fills jf_fwd_args / jf_bwd_args and calls the C API on torch's
+// current stream. A non-OK status becomes a std::runtime_error whose message starts with
+// "[jagflash status N] " and continues with jagflash_last_error(): python/jagflash/_launch.py
+// maps it to the package's exception classes (RuntimeError is what torch makes of it).
+//
+// The Python custom ops torch.ops.jagflash.fwd / .bwd (fake kernels, autograd, the check_offsets
+// modes) and the eager fast path call these ops; python/jagflash/ops.py.
+#include <jagflash/jagflash.h>
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#define JAGFLASH_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace jagflash {
+namespace torch_binding {
+namespace {
+
+using torch::stable::Tensor;
+
+// The GPU path loads with TMA: bases and strides must be multiples of 16 bytes.
+constexpr int64_t kGpuAlignBytes = 16;
+
+[[noreturn]] void fail(int status, const std::string& message) {
+  throw std::runtime_error("[jagflash status " + std::to_string(status) + "] " + message);
+}
+
+void check_status(jf_status status) {
+  if (status != JF_OK) fail(status, jagflash_last_error());
+}
+
+// A failed input check: Python's check_inputs (python/jagflash/_launch.py, shared with the fake
+// kernels) words these, so the binding only has to detect them; the tag tells _launch.py to.
+[[noreturn]] void fail_input(const std::string& what) {
+  fail(JF_ERR_INVALID_ARGUMENT, "input check: " + what);
+}
+
+// torch's dtype and device codes, asked of libtorch once (they are functions of the shim).
+struct Codes {
+  int32_t bf16 = aoti_torch_dtype_bfloat16();
+  int32_t fp16 = aoti_torch_dtype_float16();
+  int32_t fp32 = aoti_torch_dtype_float32();
+  int32_t int32 = aoti_torch_dtype_int32();
+  int32_t uint8 = aoti_torch_dtype_uint8();
+  int32_t cpu = aoti_torch_device_type_cpu();
+  int32_t cuda = aoti_torch_device_type_cuda();
+};
+
+const Codes& codes() {
+  static const Codes instance;
+  return instance;
+}
+
+int32_t dtype_of(const Tensor& t) {
+  int32_t dtype = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &dtype));
+  return dtype;
+}
+
+struct Place {
+  int32_t type;
+  int32_t index;
+  bool operator==(const Place& other) const { return type == other.type && index == other.index; }
+  bool is_cuda() const { return type == codes().cuda; }
+};
+
+Place place_of(const Tensor& t) {
+  Place place{};
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &place.type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &place.index));
+  return place;
+}
+
+Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Place& place) {
+  std::array<int64_t, 3> size{};
+  std::array<int64_t, 3> stride{};
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  std::copy(sizes.begin(), sizes.end(), size.begin());
+  int64_t step = 1;
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    stride[d] = step;
+    step *= size[d] > 1 ? size[d] : 1;
+  }
+  AtenTensorHandle handle = nullptr;
+  TORCH_ERROR_CODE_CHECK(
+      aoti_torch_empty_strided(ndim, size.data(), stride.data(), dtype, place.type, place.index, &handle));
+  return Tensor(handle);
+}
+
+Tensor empty_like_dense(const Tensor& t, const Place& place) {
+  return empty({t.size(0), t.size(1), t.size(2)}, dtype_of(t), place);
+}
+
+// What python/jagflash/_launch.py's check_inputs requires, detected here; it words the message.
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
+                  const Tensor& kv_offsets) {
+  const Codes& c = codes();
+  if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3) fail_input("q, k and v must be 3-D");
+  const int32_t dtype = dtype_of(q);
+  if (dtype != c.bf16 && dtype != c.fp16 && dtype != c.fp32) fail_input("q's dtype");
+  if (dtype_of(k) != dtype || dtype_of(v) != dtype) fail_input("k or v's dtype");
+  const Place place = place_of(q);
+  if (!(place_of(k) == place && place_of(v) == place && place_of(q_offsets) == place &&
+        place_of(kv_offsets) == place)) {
+    fail_input("devices");
+  }
+  if (place.type != c.cpu && place.type != c.cuda) fail_input("q's device");
+  for (const Tensor* offsets : {&q_offsets, &kv_offsets}) {
+    if (offsets->dim() != 1 || offsets->numel() < 1 || dtype_of(*offsets) != c.int32) fail_input("offsets");
+  }
+  if (kv_offsets.numel() != q_offsets.numel()) fail_input("offsets lengths");
+}
+
+// (row_stride, head_stride) as the C API reads them. A stride over a dimension of size 1 is never
+// used to address anything, so it is replaced by the smallest legal one (torch leaves arbitrary
+// values there).
+std::pair<int64_t, int64_t> strides_of(const Tensor& t) {
+  const int64_t rows = t.size(0), heads = t.size(1), head_dim = t.size(2);
+  const int64_t head_stride = heads > 1 ? t.stride(1) : head_dim;
+  const int64_t row_stride = rows > 1 ? t.stride(0) : (heads - 1) * head_stride + head_dim;
+  return {row_stride, head_stride};
+}
+
+// Whether the C API accepts t's layout as is: contiguous head dim, rows and heads that do not
+// overlap, rows outermost, and on the GPU 16-byte aligned base and strides.
+bool usable(const Tensor& t, bool cuda) {
+  if (t.numel() == 0) return true;
+  const int64_t heads = t.size(1), head_dim = t.size(2);
+  const auto [row_stride, head_stride] = strides_of(t);
+  if (t.stride(2) != 1 && head_dim > 1) return false;
+  if (head_stride < head_dim || row_stride < (heads - 1) * head_stride + head_dim) return false;
+  if (cuda) {
+    const int64_t unit = kGpuAlignBytes / static_cast<int64_t>(t.element_size());
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kGpuAlignBytes != 0 || row_stride % unit != 0 ||
+        (heads > 1 && head_stride % unit != 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// t itself when the C API can read it in place, else a dense copy (a fresh allocation, so also
+// 16-byte aligned).
+Tensor prepared(const Tensor& t, const Place& place) {
+  if (usable(t, place.is_cuda())) return t;
+  Tensor fresh = empty_like_dense(t, place);
+  torch::stable::copy_(fresh, t);
+  return fresh;
+}
+
+Tensor contiguous_offsets(const Tensor& offsets, const Place& place) {
+  if (offsets.numel() <= 1 || offsets.stride(0) == 1) return offsets;
+  Tensor fresh = empty({offsets.size(0)}, codes().int32, place);
+  torch::stable::copy_(fresh, offsets);
+  return fresh;
+}
+
+jf_tensor describe(const Tensor& t) {
+  const auto [row_stride, head_stride] = strides_of(t);
+  return jf_tensor{t.numel() ? t.data_ptr() : nullptr, t.size(0),  static_cast<int32_t>(t.size(1)),
+                   static_cast<int32_t>(t.size(2)),    row_stride, head_stride};
+}
+
+jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
+                      const Tensor& kv_offsets, int64_t mask, int64_t window_left, int64_t window_right,
+                      double scale, const Place& place) {
+  const Codes& c = codes();
+  const int32_t dtype = dtype_of(q);
+  jf_problem p{};
+  p.dtype = dtype == c.bf16 ? JF_BF16 : dtype == c.fp16 ? JF_FP16 : JF_FP32;
+  p.device = place.is_cuda() ? JF_DEVICE_CUDA : JF_DEVICE_CPU;
+  p.batch_size = static_cast<int32_t>(q_offsets.numel() - 1);
+  p.q_offsets = static_cast<const int32_t*>(q_offsets.data_ptr());
+  p.kv_offsets = static_cast<const int32_t*>(kv_offsets.data_ptr());
+  p.q = describe(q);
+  p.k = describe(k);
+  p.v = describe(v);
+  // The C API validates the mask as an int (any value a caller passes); storing an out-of-range
+  // value through the enum type would be undefined, so its bytes are written as an int.
+  const int32_t mask_value = static_cast<int32_t>(mask);
+  static_assert(sizeof(p.mask) == sizeof(mask_value), "jf_mask is int-sized");
+  std::memcpy(&p.mask, &mask_value, sizeof(mask_value));
+  p.window_left = static_cast<int32_t>(window_left);
+  p.window_right = static_cast<int32_t>(window_right);
+  p.scale = static_cast<float>(scale);
+  return p;
+}
+
+// torch's current CUDA stream. aoti_torch_get_current_cuda_stream lives in libtorch_cuda.so, which
+// the binding does not link (it loads with a CPU-only torch too): it is looked up, once, in the
+// libtorch_cuda.so next to the libtorch_cpu.so torch has loaded.
+using CurrentCudaStreamFn = AOTITorchError (*)(int32_t, void**);
+
+CurrentCudaStreamFn current_cuda_stream_fn() {
+  static const CurrentCudaStreamFn fn = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&aoti_torch_empty_strided), &info) == 0 || info.dli_fname == nullptr) {
+      return CurrentCudaStreamFn{nullptr};
+    }
+    std::string path(info.dli_fname);
+    path = path.substr(0, path.find_last_of('/') + 1) + "libtorch_cuda.so";
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (handle == nullptr) return CurrentCudaStreamFn{nullptr};
+    return reinterpret_cast<CurrentCudaStreamFn>(dlsym(handle, "aoti_torch_get_current_cuda_stream"));
+  }();
+  return fn;
+}
+
+void* current_stream(const Place& place) {
+  if (!place.is_cuda()) return nullptr;
+  const CurrentCudaStreamFn fn = current_cuda_stream_fn();
+  if (fn == nullptr) {
+    fail(JF_ERR_INTERNAL, "torch's libtorch_cuda.so (aoti_torch_get_current_cuda_stream) was not found");
+  }
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(fn(place.index, &stream));
+  return stream;
+}
+
+// Test hook (python/tests/conftest.py's `launches`): every call's jf_launch as the C library saw
+// it, while recording is on. Off, a call pays one relaxed atomic load.
+constexpr int kRecordFields = 10;
+std::atomic<bool> g_recording{false};
+std::mutex g_records_mutex;
+std::vector<int64_t> g_records;
+
+void record(int direction, const jf_launch& launch) {
+  if (!g_recording.load(std::memory_order_relaxed)) return;
+  const std::lock_guard<std::mutex> lock(g_records_mutex);
+  const int64_t fields[kRecordFields] = {direction,
+                                         static_cast<int64_t>(launch.offsets_check),
+                                         static_cast<int64_t>(launch.backend),
+                                         launch.reuse_plan,
+                                         launch.max_seqlen_hint,
+                                         launch.deterministic,
+                                         launch.caller_checked_pointers,
+                                         static_cast<int64_t>(reinterpret_cast<intptr_t>(launch.stream)),
+                                         static_cast<int64_t>(launch.workspace_bytes),
+                                         static_cast<int64_t>(reinterpret_cast<intptr_t>(launch.workspace))};
+  g_records.insert(g_records.end(), fields, fields + kRecordFields);
+}
+
+jf_launch launch_of(const Place& place, int64_t offsets_check, int64_t max_seqlen, bool deterministic) {
+  jf_launch launch{};
+  launch.stream = current_stream(place);
+  launch.offsets_check = static_cast<jf_offsets_check>(offsets_check);
+  launch.backend = JF_BACKEND_AUTO;
+  launch.max_seqlen_hint = static_cast<int32_t>(max_seqlen);
+  launch.deterministic = deterministic ? 1 : 0;
+  // Every pointer comes from a tensor on `place` (checked above), so the C library need not ask
+  // the driver where they live.
+  launch.caller_checked_pointers = 1;
+  return launch;
+}
+
+// Workspace query, allocation through torch on the tensors' device, then the call.
+template <typename Args, typename SizeFn, typename RunFn>
+Tensor run(Args& args, SizeFn size_fn, RunFn run_fn, const Place& place, int direction) {
+  size_t bytes = 0;
+  check_status(size_fn(&args, &bytes));
+  Tensor workspace = empty({static_cast<int64_t>(bytes)}, codes().uint8, place);
+  args.launch.workspace = bytes ? workspace.data_ptr() : nullptr;
+  args.launch.workspace_bytes = bytes;
+  check_status(run_fn(&args));
+  record(direction, args.launch);
+  return workspace;
+}
+
+void check_offsets_mode(int64_t offsets_check) {
+  if (offsets_check != JF_CHECK_OFFSETS_HOST && offsets_check != JF_CHECK_OFFSETS_DEVICE) {
+    fail(JF_ERR_INVALID_ARGUMENT,
+         "offsets_check: expected 0 (host) or 1 (device), got " + std::to_string(offsets_check));
+  }
+}
+
+std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets,
+                                       int64_t mask, int64_t window_left, int64_t window_right, double scale,
+                                       int64_t offsets_check, int64_t max_seqlen) {
+  check_inputs(q, k, v, q_offsets, kv_offsets);
+  check_offsets_mode(offsets_check);
+  const Place place = place_of(q);
+  // The C library launches on the current CUDA device: make it the tensors' one (allocations go
+  // by the place given, the guard is for the launches).
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (place.is_cuda()) guard.emplace(place.index);
+  q = prepared(q, place);
+  k = prepared(k, place);
+  v = prepared(v, place);
+  q_offsets = contiguous_offsets(q_offsets, place);
+  kv_offsets = contiguous_offsets(kv_offsets, place);
+  Tensor out = empty_like_dense(q, place);
+  Tensor lse = empty({q.size(1), q.size(0)}, codes().fp32, place);
+  jf_fwd_args args{};
+  args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
+  args.out = describe(out);
+  args.lse = lse.numel() ? static_cast<float*>(lse.data_ptr()) : nullptr;
+  args.launch = launch_of(place, offsets_check, max_seqlen, false);
+  Tensor workspace = run(args, jagflash_fwd_workspace_size, jagflash_fwd, place, JF_DIRECTION_FORWARD);
+  return {out, lse, workspace};
+}
+
+bool same_as_q(const Tensor& t, const Tensor& q) {
+  return t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2) &&
+         dtype_of(t) == dtype_of(q) && place_of(t) == place_of(q);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                               Tensor lse, Tensor q_offsets, Tensor kv_offsets, int64_t mask,
+                                               int64_t window_left, int64_t window_right, double scale,
+                                               int64_t offsets_check, int64_t max_seqlen,
+                                               bool deterministic) {
+  check_inputs(q, k, v, q_offsets, kv_offsets);
+  check_offsets_mode(offsets_check);
+  if (!same_as_q(dout, q) || !same_as_q(out, q)) fail_input("dout or out unlike q");
+  // The C API takes lse as a bare float pointer: its shape and dtype can only be checked here.
+  if (lse.dim() != 2 || lse.size(0) != q.size(1) || lse.size(1) != q.size(0) ||
+      dtype_of(lse) != codes().fp32 || !(place_of(lse) == place_of(q))) {
+    fail_input("lse");
+  }
+  const Place place = place_of(q);
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (place.is_cuda()) guard.emplace(place.index);
+  q = prepared(q, place);
+  k = prepared(k, place);
+  v = prepared(v, place);
+  out = prepared(out, place);
+  dout = prepared(dout, place);
+  if (!lse.is_contiguous()) {
+    Tensor fresh = empty({lse.size(0), lse.size(1)}, codes().fp32, place);
+    torch::stable::copy_(fresh, lse);
+    lse = fresh;
+  }
+  q_offsets = contiguous_offsets(q_offsets, place);
+  kv_offsets = contiguous_offsets(kv_offsets, place);
+  Tensor dq = empty_like_dense(q, place);
+  Tensor dk = empty_like_dense(k, place);
+  Tensor dv = empty_like_dense(v, place);
+  jf_bwd_args args{};
+  args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
+  args.out = describe(out);
+  args.dout = describe(dout);
+  args.lse = lse.numel() ? static_cast<const float*>(lse.data_ptr()) : nullptr;
+  args.dq = describe(dq);
+  args.dk = describe(dk);
+  args.dv = describe(dv);
+  args.launch = launch_of(place, offsets_check, max_seqlen, deterministic);
+  Tensor workspace = run(args, jagflash_bwd_workspace_size, jagflash_bwd, place, JF_DIRECTION_BACKWARD);
+  return {dq, dk, dv, workspace};
+}
+
+}  // namespace
+}  // namespace torch_binding
+}  // namespace jagflash
+
+// The last two outputs' meaning: lse [H, total_q] float32 (natural log); the workspace (uint8,
+// possibly empty) that the call used, which a device offsets check leaves its flag in.
+STABLE_TORCH_LIBRARY(jagflash_c, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "
+      "int window_right, float scale, int offsets_check, int max_seqlen) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
+      "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
+      "int max_seqlen, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CPU, m) {
+  m.impl("fwd", TORCH_BOX(&jagflash::torch_binding::fwd));
+  m.impl("bwd", TORCH_BOX(&jagflash::torch_binding::bwd));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CUDA, m) {
+  m.impl("fwd", TORCH_BOX(&jagflash::torch_binding::fwd));
+  m.impl("bwd", TORCH_BOX(&jagflash::torch_binding::bwd));
+}
+
+// Plain C entry points for the tests (ctypes): the recording above, and the binding's version.
+JAGFLASH_TORCH_EXPORT int jagflash_torch_record_fields(void) {
+  return jagflash::torch_binding::kRecordFields;
+}
+
+JAGFLASH_TORCH_EXPORT void jagflash_torch_set_recording(int on) {
+  jagflash::torch_binding::g_recording.store(on != 0, std::memory_order_relaxed);
+}
+
+// Copies up to `capacity` recorded fields into `out` and drops them; returns how many were
+// recorded in all (call again with a larger buffer if that exceeds `capacity`: nothing is lost).
+JAGFLASH_TORCH_EXPORT int64_t jagflash_torch_take_records(int64_t* out, int64_t capacity) {
+  using namespace jagflash::torch_binding;
+  const std::lock_guard<std::mutex> lock(g_records_mutex);
+  const int64_t count = static_cast<int64_t>(g_records.size());
+  if (count > capacity) return count;
+  std::copy(g_records.begin(), g_records.end(), out);
+  g_records.clear();
+  return count;
+}
