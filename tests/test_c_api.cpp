@@ -37,6 +37,13 @@ TEST(CApi, NullArgumentsAreErrorsWithMessages) {
       << jagflash_last_error();
 }
 
+// Nothing failed before (and without a GPU nothing can have): JF_OK, an empty message.
+TEST(CApi, SynchronizeWithNothingToReport) {
+  EXPECT_EQ(jagflash_synchronize(nullptr), JF_OK) << jagflash_last_error();
+  EXPECT_STREQ(jagflash_last_error(), "");
+  EXPECT_NO_THROW(jagflash::synchronize());
+}
+
 struct CpuCall {
   test::HostBatch batch;
   test::HostTensor out, dout, dq, dk, dv;

@@ -452,5 +452,72 @@ TEST(Validation, EmptyBatchIsLegal) {
   EXPECT_TRUE(call.outputs_untouched());
 }
 
+// launch.caller_checked_pointers is a flag like reuse_plan and deterministic: any int32 is
+// accepted, non-zero skips the pointer-location queries and nothing else.
+TEST(Validation, CallerCheckedPointersTakesAnyValueAndSkipsOnlyTheLocationQueries) {
+  for (int32_t vouched :
+       {0, 1, -1, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}) {
+    SCOPED_TRACE("caller_checked_pointers = " + std::to_string(vouched));
+    Call call;
+    call.fwd.launch.caller_checked_pointers = call.bwd.launch.caller_checked_pointers = vouched;
+    const uint64_t before = detail::pointer_location_queries();
+    ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+    jf_backend served = JF_BACKEND_AUTO;
+    ASSERT_EQ(jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served),
+              JF_OK)
+        << jagflash_last_error();
+    size_t bytes = 0;
+    ASSERT_EQ(jagflash_bwd_workspace_size(&call.bwd, &bytes), JF_OK) << jagflash_last_error();
+    const uint64_t queries = detail::pointer_location_queries() - before;
+    if (vouched != 0)
+      EXPECT_EQ(queries, 0u);
+    else
+      EXPECT_GT(queries, 0u);  // host memory the driver does not know: one query per pointer
+  }
+}
+
+TEST(Validation, CallerCheckedPointersKeepsTheOtherPointerChecks) {
+  const std::vector<Case> cases = {
+      {"q null",
+       [](Call& c) { c.fwd.problem.q.data = c.bwd.problem.q.data = nullptr; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.q.data", "non-null", "NULL"}},
+      {"q misaligned",
+       [](Call& c) {
+         void* odd = static_cast<char*>(c.fwd.problem.q.data) + 1;
+         c.fwd.problem.q.data = c.bwd.problem.q.data = odd;
+       },
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.q.data", "2-byte alignment"}},
+      {"out aliases k",
+       [](Call& c) { c.fwd.out.data = c.bwd.dq.data = c.fwd.problem.k.data; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"disjoint", "k"}},
+      {"offsets null",
+       [](Call& c) { c.fwd.problem.kv_offsets = c.bwd.problem.kv_offsets = nullptr; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.kv_offsets", "NULL"}},
+  };
+  for (const Case& c : cases) {
+    Call call;
+    call.fwd.launch.caller_checked_pointers = call.bwd.launch.caller_checked_pointers = 1;
+    c.break_it(call);
+    expect_error(jagflash_fwd(&call.fwd), c, call);
+    expect_error(jagflash_bwd(&call.bwd), c, call);
+  }
+}
+
+// Without a scope every location is a query of its own; inside one, a pointer in an allocation
+// the driver already described is answered from it (on the CPU no allocation has a range, so the
+// count is the same: the GPU test checks the saving, tests/test_gpu_async_errors.cpp).
+TEST(Validation, LocationQueriesAreCounted) {
+  std::vector<char> host(64);
+  const uint64_t before = detail::pointer_location_queries();
+  EXPECT_FALSE(detail::is_device_pointer(host.data()));
+  EXPECT_FALSE(detail::is_device_pointer(host.data() + 16));
+  EXPECT_EQ(detail::pointer_location_queries() - before, 2u);
+}
+
 }  // namespace
 }  // namespace jagflash

@@ -43,13 +43,32 @@ typedef enum jf_device { JF_DEVICE_CPU = 0, JF_DEVICE_CUDA = 1 } jf_device;
  * JF_MASK_CAUSAL is the window (-1, 0). For NONE and CAUSAL the window fields must be -1. */
 typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 } jf_mask;
 
-/* How device offsets are validated.
+/* How device offsets are validated (CPU calls always check them on the host, for free).
  *  HOST:   copied to the host and checked before anything runs: one copy and stream sync per
  *          offsets vector (q_offsets, kv_offsets), so two per call; refused while launch.stream is
- *          being captured.
- *  DEVICE: checked by a small kernel; on bad offsets every kernel of the call exits without
- *          writing and a flag is left in the workspace (jagflash_read_device_error). No host sync,
- *          safe under CUDA-graph capture. */
+ *          being captured. Bad offsets fail this call.
+ *  DEVICE: checked by a small kernel: no host sync, safe under CUDA-graph capture. On bad offsets
+ *          the call still returns JF_OK (it cannot know yet), every kernel of it exits without
+ *          writing anything the caller owns, and the failure is reported asynchronously, as CUDA
+ *          reports a kernel's fault:
+ *          - the next jagflash_fwd or jagflash_bwd on the same CUDA device (either direction, any
+ *            offsets_check) that starts after the GPU ran the failed check fails with
+ *            JF_ERR_INVALID_ARGUMENT and runs nothing; its message is the failed call's
+ *            jagflash_read_device_error text behind "an earlier jagflash call on CUDA device N
+ *            (reported once, here; this call ran nothing): ". A call that starts before the GPU
+ *            reached the check does not see it yet (a later one does); a synchronisation in
+ *            between makes the very next call report it.
+ *          - jagflash_synchronize(stream) syncs and reports it the same way;
+ *          - jagflash_read_device_error(workspace, stream) syncs and reports the flag the call left
+ *            in its workspace (until the workspace is used again).
+ *          Each failure is reported once by the first two (one latch word per device in mapped
+ *          host memory, which the check kernel writes and the next call reads without a sync);
+ *          jagflash_read_device_error clears what it reports from the latch. The latch is
+ *          allocated by the first DEVICE call on a device that is not being captured into a
+ *          CUDA graph: a call captured before that latches nothing (replay it after one eager
+ *          DEVICE call, or ask jagflash_read_device_error). A captured call's replays latch like
+ *          eager calls. Only the offsets check latches: a reuse_plan mismatch is reported by
+ *          jagflash_read_device_error alone. */
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
@@ -176,8 +195,16 @@ const char* jagflash_backend_name(jf_backend backend);
 /* After a JF_CHECK_OFFSETS_DEVICE call or a forward that reused a plan: synchronises `stream`
  * and reads the flag the call left in `workspace`. Returns JF_OK if the call's device checks
  * passed (valid offsets; a plan built for the call), else JF_ERR_INVALID_ARGUMENT with a message
- * saying which check failed (the call then wrote nothing). */
+ * saying which check failed (the call then wrote nothing); the failure is then also cleared from
+ * the current device's latch (jf_offsets_check), so no later call reports it again. */
 jf_status jagflash_read_device_error(const void* workspace, void* stream);
+
+/* "Did an earlier call fail?": synchronises `stream` (NULL = the default stream), then returns
+ * JF_ERR_INVALID_ARGUMENT, with the message a later call would give (jf_offsets_check, DEVICE),
+ * if a call on the current CUDA device failed its device offsets check and no call has reported
+ * it yet; it then counts as reported. JF_OK otherwise, and without a CUDA device. Calls on other
+ * streams are covered once they have run (synchronise those streams, or the device, first). */
+jf_status jagflash_synchronize(void* stream);
 
 /* The benchmark length distributions (uniform1k, gemskew, pareto, onegiant, short), one generator
  * for every caller. Writes up to `capacity` lengths; *batch_size gets the batch size. Pass

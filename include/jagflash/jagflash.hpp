@@ -91,6 +91,9 @@ inline jf_backend query_backend(const jf_problem& problem, const jf_launch& laun
 
 inline void forward(const jf_fwd_args& args) { throw_if_error(jagflash_fwd(&args)); }
 inline void backward(const jf_bwd_args& args) { throw_if_error(jagflash_bwd(&args)); }
+// Syncs `stream`; throws if an earlier call's device offsets check failed unreported
+// (jagflash_synchronize).
+inline void synchronize(void* stream = nullptr) { throw_if_error(jagflash_synchronize(stream)); }
 
 inline std::vector<int32_t> generate_lengths(const std::string& distribution, uint64_t seed) {
   int32_t batch = 0;

@@ -2,8 +2,10 @@
 // and the thread-local message. Nothing throws past this file.
 #include <jagflash/jagflash.h>
 
+#include "api/device_error.hpp"
 #include "api/dispatch.hpp"
 #include "api/error.hpp"
+#include "api/validate.hpp"
 
 #include <cuda_runtime.h>
 
@@ -15,9 +17,12 @@ namespace jagflash::detail {
 namespace {
 thread_local std::string g_last_error;
 
+// Every entry point: one call's pointer-location answers are shared by all its checks (a call
+// validates its shapes twice: once for the workspace size, once for itself).
 template <typename F>
 jf_status guarded(F&& f) {
   try {
+    const PointerLocationScope locations;
     f();
     g_last_error.clear();
     return JF_OK;
@@ -124,6 +129,16 @@ const char* jagflash_backend_name(jf_backend backend) {
 
 jf_status jagflash_read_device_error(const void* workspace, void* stream) {
   return guarded([&] { jagflash::detail::read_device_error(workspace, stream); });
+}
+
+jf_status jagflash_synchronize(void* stream) {
+  return guarded([&] {
+    if (jagflash_cuda_device_count() == 0) return;
+    JF_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    int device = 0;
+    JF_CUDA_CHECK(cudaGetDevice(&device));
+    jagflash::detail::report_latched_device_error(device);
+  });
 }
 
 int jagflash_cuda_device_count(void) {

@@ -1,8 +1,11 @@
 #include "api/validate.hpp"
 
+#include "api/device_error.hpp"
 #include "api/error.hpp"
 #include "core/dtype.hpp"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -54,8 +57,9 @@ void check_aligned(const char* name, const void* p, size_t align, const char* ty
     fail_argument(name, std::to_string(align) + "-byte alignment (" + type + ")", p);
 }
 
-void check_pointer_location(const std::string& name, const void* p, jf_device device) {
-  if (p == nullptr) return;
+// `ask`: false when the caller vouched for every pointer (launch.caller_checked_pointers).
+void check_pointer_location(const std::string& name, const void* p, jf_device device, bool ask) {
+  if (p == nullptr || !ask) return;
   const bool on_device = is_device_pointer(p);
   if (device == JF_DEVICE_CUDA && !on_device)
     fail_argument(name, "a CUDA device pointer (problem.device = JF_DEVICE_CUDA)", "a host pointer");
@@ -83,7 +87,7 @@ bool overlaps(ByteRange a, ByteRange b) {
 // A [rows, heads, head_dim] view: shape as expected, strides that keep (row, head) slices
 // apart, pointer non-null when there is data, alignment on the GPU.
 void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int32_t heads, int32_t head_dim,
-                  const jf_problem& p) {
+                  const jf_problem& p, bool ask_location) {
   if (t.rows != rows) fail_argument(name + ".rows", rows, t.rows);
   if (t.heads != heads) fail_argument(name + ".heads", heads, t.heads);
   if (t.head_dim != head_dim) fail_argument(name + ".head_dim", head_dim, t.head_dim);
@@ -130,10 +134,14 @@ void check_tensor(const std::string& name, const jf_tensor& t, int64_t rows, int
                     "a multiple of " + std::to_string(stride_unit) + " elements (16 bytes) on the GPU",
                     t.head_stride);
   }
-  check_pointer_location(name + ".data", t.data, p.device);
+  check_pointer_location(name + ".data", t.data, p.device, ask_location);
 }
 
-void check_problem(const jf_problem& p) {
+// Whether a call asks the driver where its pointers live (read as an int32, any value: like
+// reuse_plan and deterministic, non-zero means yes to the caller's claim).
+bool ask_locations(const jf_launch& l) { return l.caller_checked_pointers == 0; }
+
+void check_problem(const jf_problem& p, bool ask_location) {
   check_enum("problem.dtype", p.dtype, JF_BF16, JF_FP32, "JF_BF16, JF_FP16 or JF_FP32");
   check_enum("problem.device", p.device, JF_DEVICE_CPU, JF_DEVICE_CUDA, "JF_DEVICE_CPU or JF_DEVICE_CUDA");
   check_enum("problem.mask", p.mask, JF_MASK_NONE, JF_MASK_WINDOW,
@@ -158,9 +166,9 @@ void check_problem(const jf_problem& p) {
   if (p.k.rows < 0 || p.k.rows > kMaxTokens) fail_argument("problem.k.rows", "in [0, 2^31-1]", p.k.rows);
 
   const int32_t h = p.q.heads, h_kv = p.k.heads, d = p.q.head_dim;
-  check_tensor("problem.q", p.q, p.q.rows, h, d, p);
-  check_tensor("problem.k", p.k, p.k.rows, h_kv, d, p);
-  check_tensor("problem.v", p.v, p.k.rows, h_kv, d, p);
+  check_tensor("problem.q", p.q, p.q.rows, h, d, p, ask_location);
+  check_tensor("problem.k", p.k, p.k.rows, h_kv, d, p, ask_location);
+  check_tensor("problem.v", p.v, p.k.rows, h_kv, d, p, ask_location);
 
   if (p.mask == JF_MASK_WINDOW) {
     if (p.window_left < -1) fail_argument("problem.window_left", ">= -1 (-1 = unbounded)", p.window_left);
@@ -174,8 +182,8 @@ void check_problem(const jf_problem& p) {
   }
   if (!std::isfinite(p.scale))
     fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
-  check_pointer_location("problem.q_offsets", p.q_offsets, p.device);
-  check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device);
+  check_pointer_location("problem.q_offsets", p.q_offsets, p.device, ask_location);
+  check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device, ask_location);
 }
 
 void check_launch(const jf_launch& l, const jf_problem& p) {
@@ -200,7 +208,7 @@ void check_workspace(const jf_launch& l, const jf_problem& p, size_t needed) {
   if (l.workspace == nullptr) fail_argument("launch.workspace", "a non-null pointer", "NULL");
   if (reinterpret_cast<uintptr_t>(l.workspace) % 16 != 0)
     fail_argument("launch.workspace", "16-byte alignment", l.workspace);
-  check_pointer_location("launch.workspace", l.workspace, p.device);
+  check_pointer_location("launch.workspace", l.workspace, p.device, ask_locations(l));
 }
 
 std::vector<int32_t> offsets_to_host(const int32_t* offsets, int32_t batch_size, const jf_problem& p,
@@ -221,6 +229,15 @@ std::vector<int32_t> offsets_to_host(const int32_t* offsets, int32_t batch_size,
       cudaMemcpyAsync(host.data(), offsets, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   JF_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
+}
+
+// Last before a GPU call runs: an earlier call's failure that the device offsets check latched
+// fails this one (which then runs nothing), so the caller hears of it without having synced.
+void check_no_earlier_device_error(const jf_problem& p) {
+  if (p.device != JF_DEVICE_CUDA) return;
+  int device = 0;
+  JF_CUDA_CHECK(cudaGetDevice(&device));
+  report_latched_device_error(device);
 }
 
 void check_offsets(const jf_problem& p, const jf_launch& l) {
@@ -306,18 +323,97 @@ NamedRanges backward_inputs(const jf_bwd_args& a) {
 
 }  // namespace
 
-// Where a pointer lives, as the CUDA runtime sees it.
-bool is_device_pointer(const void* p) {
+// Where a pointer lives. One driver query (cuPointerGetAttributes through the runtime's driver
+// entry point: nothing more to link) gives the memory type and the allocation's whole address
+// range; while a PointerLocationScope is open, a later pointer inside a range already asked about
+// is answered from it, so a call asks once per distinct allocation (q, k and v views of one fused
+// qkv buffer: one query), not once per pointer (22 runtime queries per Python forward before).
+// Unregistered host memory has no range: each such pointer is one query.
+namespace {
+
+struct KnownRange {
+  uintptr_t begin = 0, end = 0;  // [begin, end)
+  bool on_device = false;
+};
+
+struct LocationCache {
+  int open_scopes = 0;
+  std::vector<KnownRange> ranges;
+};
+
+thread_local LocationCache t_locations;
+thread_local uint64_t t_location_queries = 0;
+
+PFN_cuPointerGetAttributes_v7000 driver_pointer_get_attributes() {
+  static const PFN_cuPointerGetAttributes_v7000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 7000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // no driver: not sticky, clear it
+      return PFN_cuPointerGetAttributes_v7000{nullptr};
+    }
+    return reinterpret_cast<PFN_cuPointerGetAttributes_v7000>(f);
+  }();
+  return fn;
+}
+
+// One query: the location of `p` and, when the driver knows its allocation, that range.
+KnownRange query_location(const void* p) {
+  ++t_location_queries;
+  KnownRange r;
+  if (PFN_cuPointerGetAttributes_v7000 get = driver_pointer_get_attributes()) {
+    unsigned int memory_type = 0, managed = 0;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                        CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    void* data[] = {&memory_type, &managed, &start, &size};
+    if (get(4, attributes, data, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS) {
+      r.on_device = memory_type == CU_MEMORYTYPE_DEVICE || managed != 0;
+      const auto address = reinterpret_cast<uintptr_t>(p);
+      if (size > 0 && start <= address && address - start < size) {
+        r.begin = static_cast<uintptr_t>(start);
+        r.end = r.begin + size;
+      }
+      return r;
+    }
+  }
+  // No driver entry point, or the driver refused the pointer: the runtime's answer, as before.
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error of an unknown pointer
-    return false;
+    return r;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  r.on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return r;
+}
+
+}  // namespace
+
+PointerLocationScope::PointerLocationScope() { ++t_locations.open_scopes; }
+
+PointerLocationScope::~PointerLocationScope() {
+  if (--t_locations.open_scopes == 0) t_locations.ranges.clear();
+}
+
+uint64_t pointer_location_queries() { return t_location_queries; }
+
+bool is_device_pointer(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  const bool cached = t_locations.open_scopes > 0;
+  if (cached)
+    for (const KnownRange& r : t_locations.ranges)
+      if (r.begin <= address && address < r.end) return r.on_device;
+  const KnownRange r = query_location(p);
+  if (cached && r.begin != r.end) t_locations.ranges.push_back(r);
+  return r.on_device;
 }
 
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
-  check_problem(p);
+  check_problem(p, ask_locations(l));
   check_launch(l, p);
 }
 
@@ -340,27 +436,29 @@ void validate_host_offsets(const char* name, const int32_t* offsets, int32_t bat
 
 void validate_forward_shapes(const jf_fwd_args& a) {
   const jf_problem& p = a.problem;
-  check_problem(p);
+  const bool ask = ask_locations(a.launch);
+  check_problem(p, ask);
   check_launch(a.launch, p);
-  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
+  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
   check_aligned("lse", a.lse, alignof(float), "float32");
-  check_pointer_location("lse", a.lse, p.device);
+  check_pointer_location("lse", a.lse, p.device, ask);
   check_no_overlap(forward_outputs(a), problem_inputs(p));
 }
 
 void validate_backward_shapes(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
-  check_problem(p);
+  const bool ask = ask_locations(a.launch);
+  check_problem(p, ask);
   check_launch(a.launch, p);
-  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p);
-  check_tensor("dout", a.dout, p.q.rows, p.q.heads, p.q.head_dim, p);
-  check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p);
-  check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p);
-  check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p);
+  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("dout", a.dout, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
+  check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
   if (a.lse == nullptr && p.q.rows > 0)
     fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
   check_aligned("lse", a.lse, alignof(float), "float32");
-  check_pointer_location("lse", a.lse, p.device);
+  check_pointer_location("lse", a.lse, p.device, ask);
   check_no_overlap(backward_outputs(a), backward_inputs(a));
 }
 
@@ -370,6 +468,7 @@ void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool requir
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, forward_outputs(a), problem_inputs(a.problem));
     check_offsets(a.problem, a.launch);
+    check_no_earlier_device_error(a.problem);
   }
 }
 
@@ -379,6 +478,7 @@ void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool requi
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, backward_outputs(a), backward_inputs(a));
     check_offsets(a.problem, a.launch);
+    check_no_earlier_device_error(a.problem);
   }
 }
 

@@ -1,5 +1,9 @@
 #include "oracle/oracle.hpp"
 
+#include <array>
+#include <atomic>
+#include <mutex>
+
 namespace jagflash::oracle {
 namespace {
 
@@ -15,12 +19,82 @@ __device__ int32_t check_one(const int32_t* offsets, int32_t batch_size, int64_t
   return bits;
 }
 
+// One block. The threads' bits are gathered in shared memory so that one thread writes the
+// workspace flag and the latch: the latch lives in host memory, where a plain store of the
+// gathered bits needs no system-scope atomics (which not every host link supports natively).
 __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                                     int64_t total_q, int64_t total_kv, int32_t* flag) {
+                                     int64_t total_q, int64_t total_kv, int32_t* flag, int32_t* latch) {
+  __shared__ int32_t block_bits;
+  if (threadIdx.x == 0) block_bits = 0;
+  __syncthreads();
   const int32_t bits =
       check_one(q_offsets, batch_size, total_q, kQFirstNotZero, kQDecreasing, kQLastNotTotal) |
       check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
-  if (bits) atomicOr(flag, bits);
+  if (bits) atomicOr(&block_bits, bits);
+  __syncthreads();
+  if (threadIdx.x != 0 || block_bits == 0) return;
+  atomicOr(flag, block_bits);
+  if (latch != nullptr) {
+    // Another failing call may store concurrently: one of the two stores wins, and the latch still
+    // holds a failure (the bits of one of them), which is what the next call must report.
+    volatile int32_t* l = latch;
+    *l = *l | block_bits;
+    __threadfence_system();
+  }
+}
+
+// Devices beyond this ordinal get no latch (their failures are reported by
+// jagflash_read_device_error alone).
+constexpr int kMaxLatchDevices = 64;
+// host: the word as the host reads it; device: the same word as kernels address it.
+std::array<std::atomic<int32_t*>, kMaxLatchDevices> g_latch_host{};
+std::array<std::atomic<int32_t*>, kMaxLatchDevices> g_latch_device{};
+std::mutex g_latch_mutex;
+
+// The current device's latch for a launch on `stream`, allocated on first use outside a capture;
+// *latch = nullptr where there is none (capturing before the first allocation, device ordinal too
+// large).
+cudaError_t latch_for_launch(cudaStream_t stream, int32_t** latch) {
+  *latch = nullptr;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess || device < 0 || device >= kMaxLatchDevices) return err;
+  *latch = g_latch_device[device].load(std::memory_order_acquire);
+  if (*latch != nullptr) return cudaSuccess;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();  // e.g. the legacy stream while another stream captures: treat as captured
+    return cudaSuccess;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_latch_mutex);
+  *latch = g_latch_device[device].load(std::memory_order_acquire);
+  if (*latch != nullptr) return cudaSuccess;
+  // Relaxed capture mode for this thread: a capture another thread runs in global mode would
+  // otherwise refuse the allocation (our own stream is not capturing, checked above).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  err = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess) return err;
+  void* host = nullptr;
+  void* mapped = nullptr;
+  err = cudaHostAlloc(&host, sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err == cudaSuccess) {
+    *static_cast<volatile int32_t*>(host) = 0;
+    err = cudaHostGetDevicePointer(&mapped, host, 0);
+    if (err != cudaSuccess) cudaFreeHost(host);
+  }
+  const cudaError_t restored = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess) return err;
+  if (restored != cudaSuccess) return restored;
+  g_latch_host[device].store(static_cast<int32_t*>(host), std::memory_order_release);
+  g_latch_device[device].store(static_cast<int32_t*>(mapped), std::memory_order_release);
+  *latch = static_cast<int32_t*>(mapped);
+  return cudaSuccess;
+}
+
+int32_t* latch_host(int device) {
+  if (device < 0 || device >= kMaxLatchDevices) return nullptr;
+  return g_latch_host[device].load(std::memory_order_acquire);
 }
 
 }  // namespace
@@ -30,8 +104,22 @@ cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_off
                                  cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
   if (err != cudaSuccess || !check) return err;
-  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, batch_size, total_q, total_kv, flag);
+  int32_t* latch = nullptr;
+  err = latch_for_launch(stream, &latch);
+  if (err != cudaSuccess) return err;
+  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, batch_size, total_q, total_kv, flag,
+                                              latch);
   return cudaGetLastError();
+}
+
+int32_t take_latched_offsets_error(int device) {
+  int32_t* word = latch_host(device);
+  if (word == nullptr || __atomic_load_n(word, __ATOMIC_ACQUIRE) == 0) return 0;
+  return __atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL);
+}
+
+void clear_latched_offsets_error(int device, int32_t bits) {
+  if (int32_t* word = latch_host(device)) __atomic_fetch_and(word, ~bits, __ATOMIC_ACQ_REL);
 }
 
 cudaError_t portable_image(cudaFuncAttributes* attributes) {

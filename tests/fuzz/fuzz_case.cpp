@@ -391,7 +391,9 @@ void mutate_launch(CaseSpec& s, Rng& rng) {
     case 1:
       s.reuse_plan = rng.pick({1, -1, kI32Max});
       s.deterministic = rng.pick({1, -1, kI32Min});
-      m << "launch.reuse_plan = " << s.reuse_plan << ", deterministic = " << s.deterministic;
+      s.caller_checked_pointers = rng.pick({0, 1, -1, kI32Max});
+      m << "launch.reuse_plan = " << s.reuse_plan << ", deterministic = " << s.deterministic
+        << ", caller_checked_pointers = " << s.caller_checked_pointers;
       break;
     case 2:
       s.workspace = rng.pick({WorkspaceKind::kQueried, WorkspaceKind::kSmaller, WorkspaceKind::kGarbage,
@@ -635,7 +637,8 @@ std::string CaseSpec::describe() const {
       m << "\n    " << buffer_name(b) << " " << tensor_text(tensors[b]) << " " << placement_text(place[b]);
   m << "\n    lse " << placement_text(place[kLse]) << "\n    launch: offsets_check " << offsets_check
     << " backend " << backend << " reuse_plan " << reuse_plan << " max_seqlen_hint " << max_seqlen_hint
-    << " deterministic " << deterministic << " workspace kind " << static_cast<int>(workspace) << " stream "
+    << " deterministic " << deterministic << " caller_checked_pointers " << caller_checked_pointers
+    << " workspace kind " << static_cast<int>(workspace) << " stream "
     << (stream_garbage ? "host object" : "NULL");
   return m.str();
 }
@@ -759,6 +762,7 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   l.reuse_plan = spec.reuse_plan;
   l.max_seqlen_hint = spec.max_seqlen_hint;
   l.deterministic = spec.deterministic;
+  l.caller_checked_pointers = spec.caller_checked_pointers;
   void* lse = place_pointer(spec.place[kLse], kLse);
 
   fwd_.problem = p;

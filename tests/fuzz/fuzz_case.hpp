@@ -67,7 +67,7 @@ struct CaseSpec {
   bool kv_offsets_alias_q = false;
   jf_tensor tensors[kTensorCount] = {};  // data is set by CallMemory from `place`
   Placement place[kBufferCount];
-  int32_t reuse_plan = 0, max_seqlen_hint = 0, deterministic = 0;
+  int32_t reuse_plan = 0, max_seqlen_hint = 0, deterministic = 0, caller_checked_pointers = 0;
   WorkspaceKind workspace = WorkspaceKind::kNone;
   int64_t workspace_garbage_bytes = 0;
   bool stream_garbage = false;

@@ -138,6 +138,14 @@ class CaseRunner {
   }
 
   bool run(CaseSpec spec, uint64_t pattern_seed, const std::string& label, Stats& stats) {
+    // The fuzzer's pointers are host memory: vouching for them on a GPU call, where a GPU is
+    // present, would be a lie the library is entitled to believe (its kernels would read host
+    // pointers). Without a GPU such a call is refused before any pointer matters.
+    if (gpu_present_ && spec.device == JF_DEVICE_CUDA && spec.caller_checked_pointers != 0) {
+      spec.caller_checked_pointers = 0;
+      spec.mutations.push_back(
+          "launch.caller_checked_pointers = 0 (host pointers on a GPU call, GPU present)");
+    }
     describe(spec, label);
     auto memory = std::make_unique<CallMemory>(spec, pattern_seed);
     if (judge(spec, *memory, /*bytes_null=*/false).call_valid() && !memory->backed()) {

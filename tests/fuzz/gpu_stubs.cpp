@@ -26,6 +26,8 @@ cudaError_t launch_offsets_check(const int32_t*, const int32_t*, int32_t, int64_
   gpu_path_reached("oracle::launch_offsets_check");
 }
 cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("oracle::portable_image"); }
+int32_t take_latched_offsets_error(int) { gpu_path_reached("oracle::take_latched_offsets_error"); }
+void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("oracle::clear_latched_offsets_error"); }
 }  // namespace jagflash::oracle
 
 namespace jagflash::kernels {
