@@ -6,7 +6,9 @@
 CUDA tensors run the GPU path, CPU tensors the C++ float64 reference. The ops are registered as
 torch.ops.jagflash.fwd / .bwd (fake kernels and autograd included), so torch.compile with
 fullgraph=True and CUDA-graph capture hold them. Errors of the C library raise
-jagflash.JagflashError (InvalidArgumentError / UnsupportedError) with its message.
+jagflash.JagflashError (InvalidArgumentError / UnsupportedError) with its message. CUDA calls
+never sync: bad offsets found on the device raise at the next call on that device, or at
+jagflash.synchronize() (see set_check_offsets).
 
 From existing PyTorch code:
     out = jagflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # FA2's signature
@@ -18,7 +20,7 @@ from ._backend import SlowPathWarning, backend
 from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
 from ._lib import lib as _load_library
 from ._lib import library_path
-from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets
+from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets, synchronize
 from .compat import flash_attn_varlen_func
 from .functional import attention, jagged_attention
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
@@ -52,5 +54,6 @@ __all__ = [
     "read_device_error",
     "registry",
     "set_check_offsets",
+    "synchronize",
     "visible_pairs",
 ]

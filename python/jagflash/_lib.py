@@ -42,6 +42,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "jagflash_bwd_workspace_size": ([p(_capi.BwdArgs), p(ctypes.c_size_t)], _capi.c_enum),
         "jagflash_bwd": ([p(_capi.BwdArgs)], _capi.c_enum),
         "jagflash_read_device_error": ([ctypes.c_void_p, ctypes.c_void_p], _capi.c_enum),
+        "jagflash_synchronize": ([ctypes.c_void_p], _capi.c_enum),
         "jagflash_generate_lengths": (
             [ctypes.c_char_p, ctypes.c_uint64, p(ctypes.c_int32), ctypes.c_int32, p(ctypes.c_int32)],
             _capi.c_enum,

@@ -1,16 +1,22 @@
-"""How offsets are validated, and reading the flag a device-side check leaves behind.
+"""How offsets are validated, and how a device-side check's failure reaches the caller.
 
   "host"   - offsets are copied to the host and checked before anything runs: bad offsets raise
              InvalidArgumentError at the call, at the cost of a stream sync per offsets vector
              (q's and kv's: two per forward, two per backward). Refused (with an error) while
              the stream is being captured into a CUDA graph.
-  "device" - a small kernel checks them: no sync, capturable. On bad offsets nothing is written
-             (the outputs keep whatever memory they were given) and read_device_error() reports it.
-  "auto"   - (default) "device" while the current CUDA stream is capturing, "host" otherwise.
-CPU tensors are always checked on the host.
+  "device" - a small kernel checks them: no sync, capturable. On bad offsets the call returns,
+             nothing is written (the outputs keep whatever memory they were given), and the
+             failure is reported later, as CUDA reports a kernel's error: the next jagflash call
+             on that device (either direction, any mode) that starts after the GPU ran the check
+             raises InvalidArgumentError ("an earlier jagflash call on CUDA device N ...", then the
+             check that failed) and runs nothing; synchronize() raises it at once. Each failure
+             is reported once. read_device_error() also reads the flag the last explicit "device"
+             call left in its workspace.
+  "auto"   - (default) "device" for CUDA tensors: a call never syncs, in training as under capture.
+CPU tensors are always checked on the host (for free: the offsets are already there), at the call.
 """
 import threading
-from typing import Dict, Literal, Optional
+from typing import Dict, Literal, Optional, Union
 
 import torch
 
@@ -56,8 +62,9 @@ def resolve(mode: Optional[CheckOffsets]) -> CheckOffsets:
 
 
 def launch_value(mode: CheckOffsets, device: torch.device) -> int:
-    """jf_offsets_check for one call, decided when the call runs (not when it is traced)."""
-    if mode in ("device", BUILT) or (mode == "auto" and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    """jf_offsets_check for one call: "host" only when asked for, or for CPU tensors (whose
+    offsets the C library checks on the host whatever it is told)."""
+    if mode in ("device", BUILT) or (mode == "auto" and device.type == "cuda"):
         return _capi.CHECK_OFFSETS_DEVICE
     return _capi.CHECK_OFFSETS_HOST
 
@@ -72,7 +79,9 @@ def remember(direction: str, mode: CheckOffsets, workspace: Optional[torch.Tenso
 def read_device_error() -> None:
     """Synchronises and raises InvalidArgumentError if the last forward or the last backward run
     with check_offsets="device" (eagerly, or captured and then replayed in a CUDA graph) found bad
-    offsets."""
+    offsets (again at every read, until such a call runs again); then, as synchronize() does, if
+    any call on the current CUDA device (the default "auto" included) found bad offsets that no
+    call has reported yet."""
     lib = _lib.lib()
     with _remembered_lock:
         workspaces = list(_remembered.values())
@@ -81,3 +90,17 @@ def read_device_error() -> None:
             stream = torch.cuda.current_stream(workspace.device)
             torch.cuda.synchronize(workspace.device)
             _errors.check(lib.jagflash_read_device_error(workspace.data_ptr(), stream.cuda_stream), lib)
+    synchronize()
+
+
+def synchronize(device: Union[torch.device, str, int, None] = None) -> None:
+    """Waits for the work queued on a CUDA device (default: the current one), like
+    torch.cuda.synchronize, then raises InvalidArgumentError if a jagflash call on it found bad
+    offsets in its device check (the default) and no later call has reported it yet: "did an
+    earlier call fail?". The failure then counts as reported. Nothing to do without CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return  # no CUDA call can have run
+    lib = _lib.lib()
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()
+        _errors.check(lib.jagflash_synchronize(torch.cuda.current_stream().cuda_stream), lib)

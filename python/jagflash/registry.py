@@ -19,7 +19,7 @@ UnsupportedError naming what it cannot serve (dropout, the debug mask, ALiBi, se
 descales, a dtype other than fp16/bf16, a head dim other than 64/128/256, a GPU other than sm_90).
 The backward's deterministic mode follows torch.are_deterministic_algorithms_enabled() when it
 runs. Offsets a caller passes (varlen, nested) are checked as jagflash.set_check_offsets says
-("auto": on the host, two syncs a call); the dense path's offsets, built here, are checked on the
+("auto": on the device, no sync); the dense path's offsets, built here, are checked on the
 device (no sync).
 
 Dense [B, H, S, D] inputs are read in place where the memory allows one jagged view of them

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import jagflash
+from jagflash import _capi
 from conftest import TOLERANCES, Batch, assert_close, make_batch, needs_cuda, offsets_of, reference
 
 pytestmark = needs_cuda
@@ -90,17 +91,106 @@ def test_device_check_flags_bad_offsets_in_a_replayed_graph():
 
 
 def test_device_check_in_eager_mode():
-    """No exception at the call (no sync); read_device_error() reports the forward's and the
-    backward's flags, and a later good call clears them."""
+    """No exception at the call (no sync); read_device_error() reports the forward's flag (and
+    the failure counts as reported), and a later good step runs and reads clean."""
     static = _batch()
     q, k, v = static.leaves()
     bad = static.q_offsets.clone()
     bad[0] = 5
-    _step(q, k, v, bad, static.kv_offsets, static.dout, "device")
+    jagflash.jagged_attention(q, k, v, bad, static.kv_offsets, causal=True, check_offsets="device")
     with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets: expected \[0\] == 0"):
         jagflash.read_device_error()
     _step(q, k, v, static.q_offsets, static.kv_offsets, static.dout, "device")
     jagflash.read_device_error()
+
+
+EARLIER = r"an earlier jagflash call on CUDA device \d+ \(reported once, here; this call ran nothing\): "
+
+
+@pytest.mark.parametrize("mode", [None, "auto", "device"])
+def test_default_check_reports_bad_offsets_at_the_next_call(mode, launches):
+    """The default never syncs: bad offsets return from the call, and the next call on the device
+    raises InvalidArgumentError naming the check (and runs nothing); the call after runs."""
+    assert jagflash.get_check_offsets() == "auto"
+    jagflash.synchronize()  # nothing left over from another test
+    static = _batch()
+    bad = static.q_offsets.clone()
+    bad[2] = bad[1] - 1  # decreasing
+    jagflash.jagged_attention(static.q, static.k, static.v, bad, static.kv_offsets, causal=True, check_offsets=mode)
+    assert [launch.offsets_check for _, launch in launches] == [_capi.CHECK_OFFSETS_DEVICE]
+    torch.cuda.synchronize()
+    with pytest.raises(jagflash.InvalidArgumentError,
+                       match=EARLIER + r"the call failed a check on the device \(nothing was written\): "
+                                       r"problem.q_offsets: expected non-decreasing values;") as info:
+        jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, causal=True,
+                                  check_offsets=mode)
+    assert info.value.status == 1  # JF_ERR_INVALID_ARGUMENT
+    q, k, v = static.leaves()
+    _check(_step(q, k, v, static.q_offsets, static.kv_offsets, static.dout, mode), static, Q_LENGTHS[0], KV_LENGTHS[0])
+    jagflash.synchronize()
+
+
+def test_default_check_writes_nothing():
+    """The output of a call with bad offsets keeps the memory it was given. The call's output is
+    the block the caching allocator just freed (a 2 MB block, from the large pool, emptied first),
+    NaN-filled beforehand."""
+    jagflash.synchronize()
+    batch = make_batch(52, q_lengths=[1000, 2000, 1096], heads=4, kv_heads=2, dtype=torch.bfloat16, device="cuda")
+    bad = batch.q_offsets.clone()
+    bad[2] = 500  # [0, 1000, 500, 4096]: decreasing
+    torch.cuda.empty_cache()
+    poison = torch.full(batch.q.shape, float("nan"), dtype=batch.q.dtype, device="cuda")
+    poison_ptr = poison.data_ptr()
+    del poison
+    out = jagflash.jagged_attention(batch.q, batch.k, batch.v, bad, batch.kv_offsets)
+    torch.cuda.synchronize()
+    reused = out.data_ptr() == poison_ptr
+    nan_left = bool(torch.isnan(out).all())
+    with pytest.raises(jagflash.InvalidArgumentError, match=EARLIER + r".*problem.q_offsets: expected non-decreasing"):
+        jagflash.synchronize()
+    if not reused:
+        pytest.skip("the caching allocator gave the call another block than the NaN-filled one")
+    assert nan_left, "the call with bad offsets wrote its output"
+
+
+def test_a_bad_forward_is_reported_by_the_backward():
+    """Any direction: the backward after a bad forward (once the GPU has run it) raises."""
+    jagflash.synchronize()
+    static = _batch()
+    q, k, v = static.leaves()
+    bad = static.q_offsets.clone()
+    bad[0] = 1
+    out = jagflash.jagged_attention(q, k, v, bad, static.kv_offsets, causal=True)
+    torch.cuda.synchronize()
+    with pytest.raises(jagflash.InvalidArgumentError, match=EARLIER + r".*problem.q_offsets: expected \[0\] == 0"):
+        out.backward(static.dout)
+    jagflash.synchronize()
+
+
+def test_synchronize_reports_once():
+    static = _batch()
+    bad = static.kv_offsets.clone()
+    bad[-1] += 1  # past k's rows
+    jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, bad)
+    with pytest.raises(jagflash.InvalidArgumentError, match=EARLIER + r".*problem.kv_offsets: expected \[B\] == k.rows"):
+        jagflash.synchronize()
+    jagflash.synchronize()
+    jagflash.synchronize(torch.device("cuda", 0))
+    jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets)
+    jagflash.read_device_error()  # reads the latch too: nothing
+
+
+def test_read_device_error_reports_a_default_call():
+    """read_device_error() also reports a failure the latch holds ("auto" calls are not remembered)."""
+    jagflash.synchronize()
+    static = _batch()
+    bad = static.q_offsets.clone()
+    bad[0] = 3
+    jagflash.jagged_attention(static.q, static.k, static.v, bad, static.kv_offsets)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"q_offsets: expected \[0\] == 0"):
+        jagflash.read_device_error()
+    jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets)
+    jagflash.synchronize()
 
 
 def test_device_check_catches_int64_offsets_past_int32():
@@ -139,7 +229,7 @@ def test_offsets_on_another_device():
 
 def test_compile_with_cuda_graphs():
     """mode="reduce-overhead" records CUDA graphs of forward and backward: the "auto" offsets
-    check switches to the device check inside them, and new offsets replay correctly."""
+    check (the device check) is captured with them, and new offsets replay correctly."""
     static = _batch()
     torch._dynamo.reset()
 

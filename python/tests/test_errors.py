@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import jagflash
-from jagflash import _lib
+from jagflash import _capi, _lib, _offsets_check
 from conftest import DEVICES, make_batch, offsets_of
 
 
@@ -36,9 +36,10 @@ def batch():
     ids=["first", "decreasing", "last"],
 )
 def test_bad_offsets_raise_the_c_message(device, offsets, message):
+    """The host check (the CPU's always; on CUDA when asked for) raises at the call."""
     batch = make_batch(42, q_lengths=[4, 0, 6], kv_lengths=[5, 2, 3], device=device)
     with pytest.raises(jagflash.InvalidArgumentError, match=message) as info:
-        _call(batch, q_offsets=torch.tensor(offsets, dtype=torch.int32, device=device))
+        _call(batch, q_offsets=torch.tensor(offsets, dtype=torch.int32, device=device), check_offsets="host")
     assert info.value.status == 1  # JF_ERR_INVALID_ARGUMENT
 
 
@@ -58,7 +59,7 @@ def test_int64_offsets_past_int32_raise_with_the_value_given(device, which, offs
     bad = torch.tensor(offsets, dtype=torch.int64, device=device)
     with pytest.raises(jagflash.InvalidArgumentError,
                        match=rf"{which}\[{index}\]: expected an offset that fits int32, got {offsets[index]}$"):
-        _call(batch, **{which: bad})
+        _call(batch, **{which: bad}, check_offsets="host")
 
 
 def test_kv_offsets_total_is_checked(batch):
@@ -152,6 +153,30 @@ def test_check_offsets_setting_round_trips():
         jagflash.set_check_offsets("auto")
     with pytest.raises(jagflash.InvalidArgumentError):
         jagflash.set_check_offsets("never")
+
+
+def test_auto_is_the_device_check_on_cuda_and_the_host_check_on_the_cpu():
+    """The mode each call passes the C library: "auto" (the default) never syncs a CUDA call."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert _offsets_check.launch_value("auto", cuda) == _capi.CHECK_OFFSETS_DEVICE
+    assert _offsets_check.launch_value("device", cuda) == _capi.CHECK_OFFSETS_DEVICE
+    assert _offsets_check.launch_value("host", cuda) == _capi.CHECK_OFFSETS_HOST
+    assert _offsets_check.launch_value(_offsets_check.BUILT, cuda) == _capi.CHECK_OFFSETS_DEVICE
+    assert _offsets_check.launch_value("auto", cpu) == _capi.CHECK_OFFSETS_HOST
+    assert _offsets_check.launch_value("host", cpu) == _capi.CHECK_OFFSETS_HOST
+
+
+def test_default_mode_reaches_the_launch_and_cpu_calls_still_raise_at_the_call(batch, launches):
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"problem.q_offsets\[0\]: expected 0, got 1"):
+        _call(batch, q_offsets=offsets_of([4, 0, 6]) + 1)
+    _call(batch)
+    assert launches and all(launch.offsets_check == _capi.CHECK_OFFSETS_HOST for _, launch in launches)
+
+
+def test_synchronize_and_read_device_error_without_cuda_calls_are_quiet(batch):
+    _call(batch)  # a CPU call: nothing for either to report
+    jagflash.synchronize()
+    jagflash.read_device_error()
 
 
 def test_cpu_is_checked_on_the_host_even_in_device_mode(batch):
