@@ -33,12 +33,13 @@ jf_tensor view(void* data, int64_t rows, int64_t row_stride) {
 char* at(const DeviceBuffer& b, size_t bytes) { return b.as<char>() + bytes; }
 
 // q, k and v as views of one fused [T, 3, H, D] allocation, as a model's qkv projection gives them;
-// the offsets (q's and kv's the same vector) in one allocation; out and lse in one.
+// the offsets (q's and kv's the same vector) in one allocation; out and lse in one; the gradients
+// in one.
 struct FusedCall {
   static constexpr int64_t kRows = 8;  // lengths 5, 3
   static constexpr int64_t kRowStride = 3 * kHeads * kHeadDim;
   DeviceBuffer qkv{kRows * kRowStride * kBf16};
-  DeviceBuffer dqkv{kRows * kRowStride * kBf16};
+  DeviceBuffer dgrads{3 * kRows * kHeads * kHeadDim * kBf16};
   DeviceBuffer offsets = DeviceBuffer::from_host(std::vector<int32_t>{0, 5, 8});
   // out at 0, lse from byte 4096 (its H * T floats).
   DeviceBuffer out_lse{4096 + kHeads * kRows * sizeof(float)};
@@ -74,10 +75,11 @@ struct FusedCall {
     a.out = view(out_lse.get(), kRows, kHeads * kHeadDim);
     a.lse = reinterpret_cast<const float*>(at(out_lse, 4096));
     a.dout = view(dout.get(), kRows, kHeads * kHeadDim);
-    const size_t head_bytes = kHeads * kHeadDim * kBf16;
-    a.dq = view(at(dqkv, 0), kRows, kRowStride);
-    a.dk = view(at(dqkv, head_bytes), kRows, kRowStride);
-    a.dv = view(at(dqkv, 2 * head_bytes), kRows, kRowStride);
+    // dq, dk, dv: dense views one after the other in one allocation.
+    const size_t tensor_bytes = kRows * kHeads * kHeadDim * kBf16;
+    a.dq = view(at(dgrads, 0), kRows, kHeads * kHeadDim);
+    a.dk = view(at(dgrads, tensor_bytes), kRows, kHeads * kHeadDim);
+    a.dv = view(at(dgrads, 2 * tensor_bytes), kRows, kHeads * kHeadDim);
     return a;
   }
   template <class Args>
@@ -113,7 +115,7 @@ TEST(GpuPointerQueries, OnePerDistinctAllocationAndNoneWhenVouched) {
   call.attach_workspace(ba, bytes);
   before = detail::pointer_location_queries();
   ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
-  EXPECT_EQ(queries_since(before), 6u) << "qkv, offsets, out+lse, dout, dqkv, workspace";
+  EXPECT_EQ(queries_since(before), 6u) << "qkv, offsets, out+lse, dout, dq+dk+dv, workspace";
   ba.launch.caller_checked_pointers = -1;  // any non-zero value vouches
   before = detail::pointer_location_queries();
   ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
