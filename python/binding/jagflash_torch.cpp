@@ -282,7 +282,8 @@ template <typename Args, typename SizeFn, typename RunFn>
 Tensor run(Args& args, SizeFn size_fn, RunFn run_fn, const Place& place, int direction) {
   size_t bytes = 0;
   check_status(size_fn(&args, &bytes));
-  Tensor workspace = empty({static_cast<int64_t>(bytes)}, codes().uint8, place);
+  // No bytes (CPU calls): no allocation, and Python gets None for the workspace.
+  Tensor workspace = bytes ? empty({static_cast<int64_t>(bytes)}, codes().uint8, place) : Tensor();
   args.launch.workspace = bytes ? workspace.data_ptr() : nullptr;
   args.launch.workspace_bytes = bytes;
   check_status(run_fn(&args));
@@ -376,8 +377,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
 }  // namespace torch_binding
 }  // namespace jagflash
 
-// The last two outputs' meaning: lse [H, total_q] float32 (natural log); the workspace (uint8,
-// possibly empty) that the call used, which a device offsets check leaves its flag in.
+// Outputs: out [total_q, H, D] (q's dtype), lse [H, total_q] float32 (natural log), then the
+// workspace the call used (uint8; undefined, None in Python, when it needed none), in which a
+// device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "

@@ -89,10 +89,11 @@ _bwd_op = None
 
 
 def _ops():
-    """The binding's two ops, loaded (libjagflash.so first, then the binding) on first use."""
+    """The binding's two ops, loaded (libjagflash.so first, then the binding) on first use: the
+    overloads' own callables (OpOverload.__call__ only forwards to them, one Python frame more)."""
     global _fwd_op, _bwd_op
     _lib.binding()
-    _fwd_op, _bwd_op = torch.ops.jagflash_c.fwd.default, torch.ops.jagflash_c.bwd.default
+    _fwd_op, _bwd_op = torch.ops.jagflash_c.fwd.default._op, torch.ops.jagflash_c.bwd.default._op
     return _fwd_op, _bwd_op
 
 

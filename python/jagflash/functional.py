@@ -4,26 +4,29 @@ from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
 import torch
 from torch import Tensor
 
-from . import _launch, _offsets_check, ops
+from . import _capi, _launch, _offsets_check, ops
 from ._errors import InvalidArgumentError, invalid_argument
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
 
+# jagged_attention's default window: the call that passes none skips mask_args' checks.
+_NO_WINDOW = (-1, -1)
+
 
 def _offsets(name: str, offsets: object) -> Tensor:
-    """int32 or int64 [B+1] on the tensors' device -> contiguous int32, with no host sync."""
+    """int32 or int64 [B+1] on the tensors' device -> int32, with no host sync."""
     if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
         given = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
         raise invalid_argument(name, "an int32 or int64 tensor of B+1 offsets", given)
     if offsets.dtype == torch.int32:
-        return offsets.contiguous()
+        return offsets  # the binding copies non-contiguous offsets
     # The cast wraps: 2^32 + 4 would become 4, in offsets that may well pass every check. A value
     # the cast changes becomes -1 instead, which no valid offsets hold (they start at 0 and never
     # decrease), so the offsets check rejects the call, on the host or on the device, with no sync
     # here; _out_of_int32 then names the value given. Two small kernels more than the cast: int32
     # offsets skip them.
     narrowed = offsets.to(torch.int32)
-    return torch.where(narrowed != offsets, -1, narrowed).contiguous()
+    return torch.where(narrowed != offsets, -1, narrowed)
 
 
 def _out_of_int32(named_offsets: Iterable[Tuple[str, Optional[Tensor]]]) -> Optional[InvalidArgumentError]:
@@ -132,7 +135,7 @@ def jagged_attention(
     kv_offsets: Optional[Tensor] = None,
     *,
     causal: bool = False,
-    window: Tuple[int, int] = (-1, -1),
+    window: Tuple[int, int] = _NO_WINDOW,
     scale: Optional[float] = None,
     return_lse: bool = False,
     max_seqlen_q: Optional[int] = None,
@@ -165,16 +168,32 @@ def jagged_attention(
     the forward is called (in a compiled graph: when it is traced).
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     """
-    hint = _max_seqlen_hint(max_seqlen_q, max_seqlen_q if kv_offsets is None and max_seqlen_kv is None else max_seqlen_kv)
-    mask, window_left, window_right = mask_args(causal, window)
-    q_offsets_i32 = _offsets("q_offsets", q_offsets)
-    kv_offsets_i32 = q_offsets_i32 if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
+    # The defaults take no checks (a few hundred ns a call: the eager call's host time counts).
+    if max_seqlen_q is None and max_seqlen_kv is None:
+        hint = 0
+    else:
+        hint = _max_seqlen_hint(max_seqlen_q,
+                                max_seqlen_q if kv_offsets is None and max_seqlen_kv is None else max_seqlen_kv)
+    if window is _NO_WINDOW and type(causal) is bool:
+        mask, window_left, window_right = (_capi.MASK_CAUSAL if causal else _capi.MASK_NONE), -1, -1
+    else:
+        mask, window_left, window_right = mask_args(causal, window)
+    # int32 tensors as they are (the common case, without _offsets' call and checks).
+    q_offsets_i32 = q_offsets if type(q_offsets) is Tensor and q_offsets.dtype is torch.int32 else \
+        _offsets("q_offsets", q_offsets)
+    if kv_offsets is None:
+        kv_offsets_i32 = q_offsets_i32
+    elif type(kv_offsets) is Tensor and kv_offsets.dtype is torch.int32:
+        kv_offsets_i32 = kv_offsets
+    else:
+        kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
             _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic))
     try:
-        if ops.eager_fast_path_allowed(q, k, v, q_offsets_i32, kv_offsets_i32):
+        # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
+        if ops.eager_fast_path_allowed(q, k, v):
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = ops.EagerAttention.apply(*args)
+                out, lse = ops.eager_attention(*args)
             else:
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
                 out, lse = _launch.forward(*args[:-1])
