@@ -217,15 +217,17 @@ using CurrentCudaStreamFn = AOTITorchError (*)(int32_t, void**);
 
 CurrentCudaStreamFn current_cuda_stream_fn() {
   static const CurrentCudaStreamFn fn = [] {
+    constexpr const char* kName = "aoti_torch_get_current_cuda_stream";
     Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(&aoti_torch_empty_strided), &info) == 0 || info.dli_fname == nullptr) {
-      return CurrentCudaStreamFn{nullptr};
+    if (dladdr(reinterpret_cast<void*>(&aoti_torch_empty_strided), &info) != 0 && info.dli_fname != nullptr) {
+      std::string path(info.dli_fname);
+      path = path.substr(0, path.find_last_of('/') + 1) + "libtorch_cuda.so";
+      if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+        if (void* symbol = dlsym(handle, kName)) return reinterpret_cast<CurrentCudaStreamFn>(symbol);
+      }
     }
-    std::string path(info.dli_fname);
-    path = path.substr(0, path.find_last_of('/') + 1) + "libtorch_cuda.so";
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    if (handle == nullptr) return CurrentCudaStreamFn{nullptr};
-    return reinterpret_cast<CurrentCudaStreamFn>(dlsym(handle, "aoti_torch_get_current_cuda_stream"));
+    // A torch laid out otherwise that loaded libtorch_cuda.so into the global scope.
+    return reinterpret_cast<CurrentCudaStreamFn>(dlsym(RTLD_DEFAULT, kName));
   }();
   return fn;
 }
@@ -400,7 +402,12 @@ STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CUDA, m) {
   m.impl("bwd", TORCH_BOX(&jagflash::torch_binding::bwd));
 }
 
-// Plain C entry points for the tests (ctypes): the recording above, and the binding's version.
+// Plain C entry points for the tests (ctypes): the recording above, and whether torch's CUDA
+// stream query was found (checkable without a GPU: a CUDA build of torch has it loaded).
+JAGFLASH_TORCH_EXPORT int jagflash_torch_found_cuda_stream_query(void) {
+  return jagflash::torch_binding::current_cuda_stream_fn() != nullptr;
+}
+
 JAGFLASH_TORCH_EXPORT int jagflash_torch_record_fields(void) {
   return jagflash::torch_binding::kRecordFields;
 }

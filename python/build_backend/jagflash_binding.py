@@ -71,8 +71,12 @@ def compile_command(out: Path, library_dir: Path, torch_dir: Path, werror: bool 
     ]
 
 
-def build(out_dir: Path, library_dir: Path, torch_dir: Optional[Path] = None, werror: bool = False) -> Path:
-    """Compiles out_dir/libjagflash_torch.so against library_dir/libjagflash.so and torch_dir."""
+def build(out_dir: Path, library_dir: Path, torch_dir: Optional[Path] = None, werror: Optional[bool] = None) -> Path:
+    """Compiles out_dir/libjagflash_torch.so against library_dir/libjagflash.so and torch_dir.
+    werror None: warnings are errors when $JAGFLASH_BINDING_WERROR is 1 (scripts/test-python.sh
+    sets it, as the C++ build has JAGFLASH_WERROR in CI)."""
+    if werror is None:
+        werror = os.environ.get("JAGFLASH_BINDING_WERROR") == "1"
     torch_dir = torch_dir or find_torch_dir()
     if torch_dir is None:
         raise SystemExit("jagflash: no torch to build the PyTorch binding against (set JAGFLASH_TORCH_DIR, or "
@@ -94,7 +98,7 @@ def main(argv):
     if not (build_dir / "libjagflash.so").is_file():
         print(f"jagflash: {build_dir}/libjagflash.so not found: build the library first", file=sys.stderr)
         return 1
-    build(build_dir, build_dir, werror=os.environ.get("JAGFLASH_WERROR") == "1")
+    build(build_dir, build_dir)
     return 0
 
 

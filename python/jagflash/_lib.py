@@ -115,4 +115,6 @@ def binding() -> ctypes.CDLL:
     handle.jagflash_torch_set_recording.restype = None
     handle.jagflash_torch_take_records.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
     handle.jagflash_torch_take_records.restype = ctypes.c_int64
+    handle.jagflash_torch_found_cuda_stream_query.argtypes = []
+    handle.jagflash_torch_found_cuda_stream_query.restype = ctypes.c_int
     return handle

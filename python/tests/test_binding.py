@@ -58,6 +58,14 @@ def test_binding_is_next_to_the_library_and_uses_that_copy(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_cuda_stream_query_is_found_in_a_cuda_build_of_torch():
+    """The binding links no CUDA library: it looks up torch's aoti_torch_get_current_cuda_stream in
+    the libtorch_cuda.so torch loaded. Checked without a GPU wherever torch is a CUDA build."""
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only build of torch (no libtorch_cuda.so, no CUDA tensors)")
+    assert _lib.binding().jagflash_torch_found_cuda_stream_query() == 1
+
+
 def _c_forward(q, k, v, q_offsets, kv_offsets, mask, left, right, scale):
     """The C library's own forward through ctypes (what the binding must reproduce bitwise)."""
     out = torch.empty(q.shape, dtype=q.dtype)
