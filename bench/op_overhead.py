@@ -6,7 +6,8 @@ lengths drawn uniformly from [1, L], L = 128, 256, 512 (a fixed seed per batch);
 and forward + backward (torch.autograd.grad, or aten's backward for FA2). Implementations, in one
 process on the same inputs:
   jagflash eager     jagflash.jagged_attention (check_offsets="device": no sync, as the peers,
-                     which check nothing; max_seqlen_q = L, which FA2/FA3 get too);
+                     which check nothing; max_seqlen_q = the batch's longest length, which FA2 and
+                     FA3 get too);
   jagflash compile   the same under torch.compile(fullgraph=True, dynamic=True): one graph for all
                      batches (Inductor);
   jagflash graph     the eager call captured in a CUDA graph, replayed (one graph per batch);
