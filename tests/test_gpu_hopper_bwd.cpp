@@ -3,7 +3,8 @@
 // reference on awkward ones (lengths, windows, GQA/MQA, fp16, q != kv, row strides); gradients
 // never written past the last sequence or into row padding; bitwise-identical repeats (dq too in
 // deterministic mode); many zero-length sequences and empty batches; rows that see no key and
-// keys that no query sees get exact zeros; the calls it must refuse; AUTO picks it.
+// keys that no query sees get exact zeros; the calls it must refuse; AUTO picks it; query-head
+// groups split over several tiles (few tiles for the SMs) at every split count.
 //
 // JAGFLASH_TEST_BWD_DETERMINISTIC=1 (scripts/gpu-check.sh) runs every backward of this file that
 // does not test a mode explicitly in deterministic mode.
@@ -220,6 +221,61 @@ TEST(GpuHopperBackward, SmallAgainstReference) {
   b.seed = 4;
   for (const BatchSpec& s : {a, b})
     for (int det : {0, 1}) run_hopper_and_check(s, det);
+}
+
+// Sets JAGFLASH_BWD_GROUP_SPLITS (the dispatcher reads it at every call) for one scope.
+struct GroupSplitsOverride {
+  explicit GroupSplitsOverride(const char* value) {
+    if (*value != '\0') setenv("JAGFLASH_BWD_GROUP_SPLITS", value, 1);
+  }
+  ~GroupSplitsOverride() { unsetenv("JAGFLASH_BWD_GROUP_SPLITS"); }
+};
+
+// A query-head group split over several tiles (kernels::backward_group_splits: too few tiles for
+// the SMs, as MQA/GQA on a few long sequences), each tile's dK/dV going to fp32 partials the
+// postprocess sums: every split count forced (8 does not divide b's group of 4: the dispatcher
+// falls back to 1 there) and the rule's own choice, against the CPU reference; then 20 repeats
+// with 4 splits bitwise equal.
+TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
+  BatchSpec a;
+  a.len_q = {400, 129, 1, 0, 64};
+  a.len_kv = {380, 300, 2, 5, 0};
+  a.heads = 8;
+  a.heads_kv = 1;
+  a.head_dim = 128;
+  a.mask = JF_MASK_CAUSAL;
+  a.seed = 21;
+  BatchSpec b = a;
+  b.heads_kv = 2;
+  b.head_dim = 64;
+  b.dtype = JF_FP16;
+  b.mask = JF_MASK_NONE;
+  b.row_pad = 8;
+  b.seed = 22;
+  for (const BatchSpec& s : {a, b})
+    for (const char* splits : {"1", "2", "4", "8", ""}) {
+      SCOPED_TRACE(std::string("JAGFLASH_BWD_GROUP_SPLITS=") + splits);
+      GroupSplitsOverride knob(splits);
+      run_hopper_and_check(s, knob_deterministic());
+    }
+  GroupSplitsOverride knob("4");
+  GpuBatch g = testing::make_gpu_batch(a);
+  ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
+  const jf_bwd_args ba = bwd_args(g, JF_BACKEND_HOPPER, 0);
+  std::vector<unsigned char> first_dk, first_dv;
+  for (int run = 0; run < 20; ++run) {
+    poison_gradients(g);
+    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (run == 0) {
+      expect_matches_reference(g);
+      first_dk = to_host(g.dk);
+      first_dv = to_host(g.dv);
+      continue;
+    }
+    ASSERT_TRUE(to_host(g.dk) == first_dk) << "dk differs from the first run's in run " << run;
+    ASSERT_TRUE(to_host(g.dv) == first_dv) << "dv differs from the first run's in run " << run;
+  }
 }
 
 TEST(GpuHopperBackward, MatchesOracleOnTheFiveDistributions) {

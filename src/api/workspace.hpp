@@ -35,15 +35,20 @@ struct WorkspaceLayout {
   // The Hopper backward: lse in log2 units and delta as [H][q_stride] (q_stride: total_q rounded
   // up to 4 rows, plus the 68 rows a Q block's bulk copy may read past the last), the fp32 dQ accumulator
   // [H][total_q + 64][D] (one Q block of slack: a block's reduce-add may run past the last row), the
-  // deterministic mode's semaphores [H][total_q] (reserved in either mode), then the plan (from total_bytes
-  // on).
+  // deterministic mode's semaphores [H][total_q] (reserved in either mode), with a split group
+  // (group_splits > 1) the fp32 dK and dV partials [group_splits][total_kv][H_kv][D] each, then the
+  // plan (from total_bytes on).
   size_t lse_log2_offset = 0;
   size_t dq_accum_offset = 0;
   size_t dq_sems_offset = 0;
   int64_t q_stride = 0;
   int64_t dq_rows = 0;
+  size_t dk_partial_offset = 0;
+  size_t dv_partial_offset = 0;
 
-  static WorkspaceLayout backward_hopper(int64_t num_heads, int64_t total_q, int64_t head_dim) {
+  static WorkspaceLayout backward_hopper(int64_t num_heads, int64_t total_q, int64_t head_dim,
+                                         int64_t heads_kv = 0, int64_t total_kv = 0,
+                                         int32_t group_splits = 1) {
     WorkspaceLayout w;
     w.q_stride = (total_q + 3) / 4 * 4 + 72;
     w.dq_rows = total_q + 64;
@@ -57,6 +62,13 @@ struct WorkspaceLayout {
     // The semaphores are always reserved: a plan built by a call in one mode must be found by a
     // call in the other (launch.reuse_plan), so the plan's place cannot depend on the mode.
     w.total_bytes = w.dq_sems_offset + align_up(static_cast<size_t>(num_heads * total_q) * sizeof(int32_t));
+    if (group_splits > 1) {
+      const size_t partial =
+          align_up(static_cast<size_t>(group_splits * total_kv * heads_kv * head_dim) * sizeof(float));
+      w.dk_partial_offset = w.total_bytes;
+      w.dv_partial_offset = w.dk_partial_offset + partial;
+      w.total_bytes = w.dv_partial_offset + partial;
+    }
     return w;
   }
   static WorkspaceLayout backward_gpu(int64_t num_heads, int64_t total_q) {

@@ -25,6 +25,9 @@ struct HopperBackwardLaunch {
   float* dq_accum;                  // [H][dq_rows][D] fp32
   int64_t dq_rows;                  // total_q + one Q block of slack
   int32_t* dq_sems;                 // [H][total_q]: deterministic mode only, else null
+  int32_t group_splits;             // tiles a query-head group is split over (backward_group_splits)
+  float* dk_partial;                // [group_splits][total_kv][H_kv][D] fp32 when group_splits > 1, else null
+  float* dv_partial;
 };
 
 using HopperBackwardFn = cudaError_t (*)(const jf_bwd_args&, const HopperBackwardLaunch&, cudaStream_t);
@@ -42,5 +45,30 @@ const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim);
 // visits Q blocks of kBackwardBlockM rows).
 constexpr int kBackwardBlockM = 64;
 constexpr int kBackwardBlockN = 128;
+
+// How many tiles each query-head group is split over (a power of two dividing the group): 1, a
+// tile covering the whole group whose dK/dV then sum in registers, unless
+//  - the tiles would not fill kGroupSplitWaves waves of the GPU's SMs (MQA/GQA on a few long
+//    sequences): split until they do;
+//  - a mask makes a sequence's tiles unequal (causal, window: its first KV block is seen by every
+//    Q block, its last by few) and a tile would hold more than kMaskedHeadsPerTile query heads:
+//    the plan orders sequences, not tiles, by cost, so a sequence's heaviest tile can come last
+//    and hold the GPU's tail; split until a tile holds that many heads.
+// Measured (bench/gqa_bwd.py, H200, 2026-12-01; bench/NOTES.md): MQA 16/1 on 2 x 4096 0.47x ->
+// 0.82x FA3 (none), 0.24x -> 0.94x (causal); causal 64 x 1024 +19% at 4 heads a tile; GQA 16/4
+// best unsplit. max_tiles: the plan's bound on tiles (pairs x KV heads), known from the shapes
+// alone, so the workspace size needs no look at the offsets. forced > 0 (the benchmark knob
+// JAGFLASH_BWD_GROUP_SPLITS) takes that value where it divides the group.
+constexpr int64_t kGroupSplitWaves = 2;
+constexpr int32_t kMaskedHeadsPerTile = 4;
+constexpr int32_t backward_group_splits(int64_t max_tiles, int32_t group, int32_t sm_count, bool masked,
+                                        int32_t forced) {
+  if (forced > 0) return group % forced == 0 ? forced : 1;
+  int32_t splits = 1;
+  while (group % (2 * splits) == 0 && (max_tiles * splits < kGroupSplitWaves * sm_count ||
+                                       (masked && group / splits > kMaskedHeadsPerTile)))
+    splits *= 2;
+  return splits;
+}
 
 }  // namespace jagflash::kernels

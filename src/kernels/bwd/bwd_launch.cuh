@@ -103,6 +103,9 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.num_heads = heads;
     p.num_heads_kv = pb.k.heads;
     p.group = heads / pb.k.heads;
+    p.group_splits = launch.group_splits;
+    p.dk_partial = launch.group_splits > 1 ? launch.dk_partial : nullptr;
+    p.dv_partial = launch.group_splits > 1 ? launch.dv_partial : nullptr;
     p.dk = static_cast<Element*>(a.dk.data);
     p.dv = static_cast<Element*>(a.dv.data);
     p.dk_row_stride = a.dk.row_stride;
@@ -138,11 +141,31 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     err = cudaFuncSetAttribute(backward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSmemBytes);
     if (err != cudaSuccess) return err;
-    const int64_t max_tiles = launch.plan.max_pairs * pb.k.heads;
+    const int64_t max_tiles = launch.plan.max_pairs * pb.k.heads * launch.group_splits;
     const int64_t grid =
         p.schedule == Schedule::kGrid ? max_tiles : (max_tiles < sm_count() ? max_tiles : sm_count());
     backward_kernel<Config><<<static_cast<unsigned>(grid), Config::kThreads, kSmemBytes, stream>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+    if (p.dk_partial != nullptr) {
+      DkvPostprocessParams dp{};
+      dp.dk_partial = launch.dk_partial;
+      dp.dv_partial = launch.dv_partial;
+      dp.splits = launch.group_splits;
+      dp.total_kv = pb.k.rows;
+      dp.num_heads_kv = pb.k.heads;
+      dp.dk = a.dk.data;
+      dp.dv = a.dv.data;
+      dp.dk_row_stride = a.dk.row_stride;
+      dp.dk_head_stride = a.dk.head_stride;
+      dp.dv_row_stride = a.dv.row_stride;
+      dp.dv_head_stride = a.dv.head_stride;
+      dp.error_flag = launch.error_flag;
+      using Shape = PreprocessShape<kHeadDim>;
+      dkv_postprocess_kernel<Element, kHeadDim>
+          <<<Shape::grid(pb.k.rows, pb.k.heads), Shape::kThreads, 0, stream>>>(dp);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
   }
 
   if (pb.q.rows > 0) {

@@ -113,6 +113,9 @@ struct TileInfo {
   int32_t len_kv;
   int32_t m_lo;  // the Q blocks that see the KV block: [m_lo, m_hi], for each head of the group
   int32_t m_hi;
+  int32_t head_lo;  // the query heads of the tile: [head_lo, head_end), the whole group or a split of it
+  int32_t head_end;
+  int32_t split;  // which split of the group (0 when the group is not split)
 };
 
 // Where a dQ stage goes: written by the consumers with the stage, read by the dQ writer.
@@ -168,6 +171,13 @@ struct Params {
   int32_t num_heads;
   int32_t num_heads_kv;
   int32_t group;
+  // A group split over group_splits tiles (few tiles for the SMs: MQA/GQA on a few long
+  // sequences): each tile writes its dK (times the scale) and dV in fp32 to its split's slot of
+  // dk_partial / dv_partial [group_splits][total_kv][heads_kv][D], summed by the dK/dV
+  // postprocess. 1: the tile holds the whole group and stores dK, dV itself (null partials).
+  int32_t group_splits;
+  float* dk_partial;
+  float* dv_partial;
   typename Traits::Element* dk;
   typename Traits::Element* dv;
   int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;

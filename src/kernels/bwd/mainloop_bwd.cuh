@@ -1,7 +1,8 @@
 // The backward's roles inside a persistent CTA; the tiles come from the loading thread, which
 // also decodes them (scheduler_bwd.cuh).
 //  Loader (one thread of the producer warpgroup): per tile, K and V once, then Q with its lse
-//    and dO with its delta for every Q block (and query head of the group) that sees the tile,
+//    and dO with its delta for every Q block (and query head of the tile's group or split of it)
+//    that sees the tile,
 //    through the kStages ring.
 //  Consumers (two warpgroups, 64 keys each): S^T, dP^T, P^T, dS^T, dV and dK in registers, dS
 //    to shared memory, dQ = dS K into a dQ stage for the writer; dK, dV stored at the tile's end.
@@ -62,7 +63,7 @@ struct Loader {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutK{});
 
     constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
-    const int32_t total_tiles = *p.num_pairs * p.num_heads_kv;
+    const int32_t total_tiles = *p.num_pairs * p.num_heads_kv * p.group_splits;
     uint32_t uses = 0;  // Q blocks loaded so far (the ring's position)
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
@@ -102,7 +103,7 @@ struct Loader {
 
       // Rows are addressed from the sequence's first token: a Q block past the sequence's end
       // reads the next sequence's rows (masked by the consumers) or zeros past the tensor.
-      for (int32_t h = t.kv_head * p.group; h < (t.kv_head + 1) * p.group; ++h) {
+      for (int32_t h = t.head_lo; h < t.head_end; ++h) {
         Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, h)),
                                Shape<BlockM, HeadDim>{}, make_coord(_, _0{}));
         Tensor gDo = local_tile(domain_offset(make_coord(t.q_start, _0{}), mDo(_, _, h)),
@@ -254,7 +255,7 @@ struct Consumer {
       clear(tDKrDK);
       const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
 
-      for (int32_t h = t.kv_head * p.group; h < (t.kv_head + 1) * p.group; ++h) {
+      for (int32_t h = t.head_lo; h < t.head_end; ++h) {
         for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
           const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
                          ds_buf = uses % Traits::kDsBuffers;
@@ -266,7 +267,7 @@ struct Consumer {
           // counter into local memory at D = 128.)
           const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
           const bool computes = thread < 128 || upper_keys_seen;
-          const bool last_dp = m == t.m_hi && h == (t.kv_head + 1) * p.group - 1;
+          const bool last_dp = m == t.m_hi && h == t.head_end - 1;
           if (computes) {
             EmptyBarrier::wait(&smem.q_full[stage], phase);
             warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(

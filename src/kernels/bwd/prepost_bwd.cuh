@@ -4,6 +4,8 @@
 //    arrays that the main kernel loads by TMA; the rows past total_q are set likewise.
 //  postprocess: dQ = scale x the fp32 accumulator, converted to the input dtype, in the caller's
 //    layout.
+//  dK/dV postprocess (split groups only): dK, dV = the sum of the splits' fp32 partials, in split
+//    order (so bitwise repeatable), converted into the caller's layout.
 #pragma once
 
 #include "kernels/common/accumulator.cuh"
@@ -118,6 +120,60 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     packed.w = common::pack2(Element{}, b.z * p.scale, b.w * p.scale);
     Element* dst = static_cast<Element*>(p.dq) + row * p.dq_row_stride + h * p.dq_head_stride + chunk * 8;
     *reinterpret_cast<uint4*>(dst) = packed;
+  }
+}
+
+struct DkvPostprocessParams {
+  const float* dk_partial;  // [splits][total_kv][heads_kv][D]
+  const float* dv_partial;
+  int32_t splits;
+  int64_t total_kv;
+  int32_t num_heads_kv;
+  void* dk;
+  void* dv;
+  int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
+  const int32_t* error_flag;
+};
+
+// Every row of every sequence has its partials written (every KV block of a sequence is a tile
+// of each split, including blocks no query sees, which write zeros), and offsets end at
+// total_kv: the rows [0, total_kv) are all read and written, nothing past them.
+template <class Element, int kHeadDim>
+__device__ __forceinline__ uint4 sum_partials(const float* partial, int32_t splits, int64_t split_stride,
+                                              int64_t at) {
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+  for (int32_t s = 0; s < splits; ++s) {
+    const float4* src = reinterpret_cast<const float4*>(partial + s * split_stride + at);
+    const float4 x = src[0], y = src[1];
+    a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+    b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
+  }
+  uint4 packed;
+  packed.x = common::pack2(Element{}, a.x, a.y);
+  packed.y = common::pack2(Element{}, a.z, a.w);
+  packed.z = common::pack2(Element{}, b.x, b.y);
+  packed.w = common::pack2(Element{}, b.z, b.w);
+  return packed;
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
+    dkv_postprocess_kernel(const DkvPostprocessParams p) {
+  if (*p.error_flag) return;
+  using Shape = PreprocessShape<kHeadDim>;
+  const int chunk = threadIdx.x % Shape::kLanesPerRow;
+  const int64_t split_stride = p.total_kv * p.num_heads_kv * kHeadDim;
+  for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_kv, p.num_heads_kv); cta += gridDim.x) {
+    const int32_t h = static_cast<int32_t>(cta % p.num_heads_kv);
+    const int64_t row = Shape::thread_row(cta, p.num_heads_kv);
+    if (row >= p.total_kv) continue;
+    const int64_t at = (row * p.num_heads_kv + h) * kHeadDim + chunk * 8;
+    *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk) + row * p.dk_row_stride + h * p.dk_head_stride +
+                              chunk * 8) =
+        sum_partials<Element, kHeadDim>(p.dk_partial, p.splits, split_stride, at);
+    *reinterpret_cast<uint4*>(static_cast<Element*>(p.dv) + row * p.dv_row_stride + h * p.dv_head_stride +
+                              chunk * 8) =
+        sum_partials<Element, kHeadDim>(p.dv_partial, p.splits, split_stride, at);
   }
 }
 

@@ -9,19 +9,25 @@
 
 namespace jagflash::kernels::bwd {
 
-// Plan tile `tile` = position x heads_kv + kv head: a sequence's KV blocks are adjacent in the
-// plan, first block first (under causal the first KV blocks are seen by the most Q blocks: the
-// longest tiles start first), and every KV head of a block follows it (heads innermost), so for
-// one (sequence, head) the tiles come in ascending KV-block order: the order the deterministic
-// mode adds their dQ partials in (a tile only ever waits for tiles taken before it).
+// Plan tile `tile` = (position x heads_kv + kv head) x group_splits + split: a sequence's KV
+// blocks are adjacent in the plan, in the plan's order (first block first, or last first in the
+// deterministic mode), and every (KV head, split) of a block follows it (innermost), so for one
+// (sequence, query head) the tiles come in the plan's KV-block order: the order the
+// deterministic mode adds their dQ partials in (a tile only ever waits for tiles taken before it).
 template <class Traits>
 __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
   TileInfo t;
-  const int32_t pos = tile / p.num_heads_kv;
+  const int32_t tiles_per_pair = p.num_heads_kv * p.group_splits;
+  const int32_t pos = tile / tiles_per_pair;
+  const int32_t head_split = tile - pos * tiles_per_pair;
   const int32_t pair = p.sorted_pairs[pos];
   t.batch = p.pair_batch[pair];
   t.n_block = p.pair_block[pair];
-  t.kv_head = tile - pos * p.num_heads_kv;
+  t.kv_head = head_split / p.group_splits;
+  t.split = head_split - t.kv_head * p.group_splits;
+  const int32_t heads_per_split = p.group / p.group_splits;
+  t.head_lo = t.kv_head * p.group + t.split * heads_per_split;
+  t.head_end = t.head_lo + heads_per_split;
   t.q_start = p.q_offsets[t.batch];
   t.kv_start = p.kv_offsets[t.batch];
   t.len_q = p.q_offsets[t.batch + 1] - t.q_start;
