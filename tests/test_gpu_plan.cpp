@@ -1,6 +1,8 @@
 // GPU test of the forward's device-built plan: for each batch and mask, the plan the kernels
 // read (pairs in plan order, through vals_out) must list exactly the host scheduler's tiles in
-// the host's order (schedule::sort_sequences_heaviest_first), with the keys that order implies.
+// the host's order (schedule::sort_sequences_heaviest_first), with the keys that order implies,
+// from either builder (one CTA for small plans, scan + fill + radix sort for any), which must
+// agree array for array.
 #include "gen/distributions.hpp"
 #include "schedule/plan.hpp"
 #include "schedule/plan_device.hpp"
@@ -18,8 +20,11 @@ namespace {
 using testing::DeviceBuffer;
 
 void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv,
-                                     const MaskPolicy& mask, const std::string& what) {
-  SCOPED_TRACE(what);
+                                     const MaskPolicy& mask, const std::string& what,
+                                     schedule::PlanBuilder builder) {
+  SCOPED_TRACE(what + (builder == schedule::PlanBuilder::kSmall   ? " (small builder)"
+                       : builder == schedule::PlanBuilder::kLarge ? " (large builder)"
+                                                                  : " (auto builder)"));
   const std::vector<int32_t> q_off = test::offsets_from_lengths(len_q),
                              kv_off = test::offsets_from_lengths(len_kv);
   const auto batch = static_cast<int32_t>(len_q.size());
@@ -33,7 +38,8 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
   ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(
                              d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN, flag.as<int32_t>(),
-                             stored_key.as<schedule::PlanKey>(), key, workspace.get(), layout, nullptr));
+                             stored_key.as<schedule::PlanKey>(), key, workspace.get(), layout, nullptr,
+                             /*first_block_first=*/false, builder));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   schedule::PlanKey stored{};
   stored_key.to_host(&stored);
@@ -66,6 +72,18 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   }
 }
 
+// Every builder that can build the plan (the small one only up to kSmallPlanMaxPairs pairs).
+void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv,
+                                     const MaskPolicy& mask, const std::string& what) {
+  const int64_t total_q = test::offsets_from_lengths(len_q).back();
+  const int64_t max_pairs = total_q / 128 + static_cast<int64_t>(len_q.size()) + 1;
+  for (schedule::PlanBuilder b :
+       {schedule::PlanBuilder::kAuto, schedule::PlanBuilder::kSmall, schedule::PlanBuilder::kLarge}) {
+    if (b == schedule::PlanBuilder::kSmall && max_pairs > schedule::kSmallPlanMaxPairs) continue;
+    expect_device_plan_matches_host(len_q, len_kv, mask, what, b);
+  }
+}
+
 MaskPolicy window(int32_t left, int32_t right) { return MaskPolicy::from(JF_MASK_WINDOW, left, right); }
 
 TEST(GpuDevicePlan, MatchesTheHostSchedulerInOrderAndCost) {
@@ -85,6 +103,83 @@ TEST(GpuDevicePlan, MatchesTheHostSchedulerInOrderAndCost) {
     expect_device_plan_matches_host(awkward_q, awkward_kv, masks[m], "awkward q != kv " + mask_names[m]);
     expect_device_plan_matches_host({0, 0, 0}, {0, 4, 0}, masks[m], "no q rows " + mask_names[m]);
   }
+}
+
+// The one-CTA builder and the large one give the same plan, array for array, in both block
+// orders, on random small batches (lengths 0 to 512, a quarter of them empty; 600 sequences come
+// near the small builder's capacity of 2048 pairs); past it the small builder refuses and kAuto takes the
+// large one.
+TEST(GpuDevicePlan, SmallAndLargeBuildersGiveTheSamePlan) {
+  uint64_t state = 12345;
+  auto next = [&state](uint32_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((state >> 33) % bound);
+  };
+  constexpr int kTileM = 128, kTileN = 64;
+  for (int32_t batch : {1, 2, 8, 64, 256, 600}) {
+    for (bool first_block_first : {false, true}) {
+      std::vector<int32_t> len_q(batch), len_kv(batch);
+      for (int32_t b = 0; b < batch; ++b) {
+        len_q[b] = next(4) == 0 ? 0 : next(513);
+        len_kv[b] = next(4) == 0 ? 0 : next(513);
+      }
+      SCOPED_TRACE("B=" + std::to_string(batch) + " first_block_first=" + std::to_string(first_block_first));
+      const std::vector<int32_t> q_off = test::offsets_from_lengths(len_q),
+                                 kv_off = test::offsets_from_lengths(len_kv);
+      const schedule::DevicePlanLayout layout =
+          schedule::DevicePlanLayout::make(0, batch, q_off.back(), kv_off.back(), kTileM, kTileN);
+      ASSERT_LE(layout.max_pairs, schedule::kSmallPlanMaxPairs);
+      DeviceBuffer d_q = DeviceBuffer::from_host(q_off), d_kv = DeviceBuffer::from_host(kv_off);
+      DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{0});
+      const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
+      std::vector<std::vector<char>> built;
+      for (schedule::PlanBuilder b : {schedule::PlanBuilder::kSmall, schedule::PlanBuilder::kLarge}) {
+        DeviceBuffer workspace(layout.total_bytes);
+        // Poison: a counter the build must reset, arrays it must fill.
+        ASSERT_EQ(cudaSuccess, cudaMemset(workspace.get(), 0x5a, layout.total_bytes));
+        DeviceBuffer stored_key =
+            DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
+        ASSERT_EQ(cudaSuccess,
+                  schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
+                                               flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                               workspace.get(), layout, nullptr, first_block_first, b));
+        ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+        schedule::PlanKey stored{};
+        stored_key.to_host(&stored);
+        ASSERT_TRUE(schedule::same_plan_key(stored, key));
+        built.emplace_back(layout.total_bytes);
+        workspace.to_host(built.back().data());
+      }
+      auto ints = [&](int which, size_t offset) {
+        return reinterpret_cast<const int32_t*>(built[which].data() + offset);
+      };
+      const int32_t pairs = *ints(0, layout.num_pairs);
+      ASSERT_EQ(pairs, *ints(1, layout.num_pairs));
+      int32_t expected = 0;
+      for (int32_t b = 0; b < batch; ++b) expected += (len_q[b] + kTileM - 1) / kTileM;
+      ASSERT_EQ(pairs, expected);
+      EXPECT_EQ(*ints(0, layout.tile_counter), 0);
+      EXPECT_EQ(*ints(1, layout.tile_counter), 0);
+      for (int32_t i = 0; i < pairs; ++i) {
+        const int32_t pair = ints(0, layout.vals_out)[i];
+        ASSERT_EQ(pair, ints(1, layout.vals_out)[i]) << "position " << i;
+        ASSERT_GE(pair, 0);
+        ASSERT_LT(pair, pairs);
+        ASSERT_EQ(ints(0, layout.pair_batch)[pair], ints(1, layout.pair_batch)[pair]) << "pair " << pair;
+        ASSERT_EQ(ints(0, layout.pair_block)[pair], ints(1, layout.pair_block)[pair]) << "pair " << pair;
+        const auto* keys0 = reinterpret_cast<const uint64_t*>(built[0].data() + layout.keys_out);
+        const auto* keys1 = reinterpret_cast<const uint64_t*>(built[1].data() + layout.keys_out);
+        ASSERT_EQ(keys0[i], keys1[i]) << "position " << i;
+      }
+    }
+  }
+  // Past the small builder's capacity: refused when asked for, the large one under kAuto.
+  const schedule::DevicePlanLayout big = schedule::DevicePlanLayout::make(0, 4000, 4000, 4000, 128, 128);
+  ASSERT_GT(big.max_pairs, schedule::kSmallPlanMaxPairs);
+  EXPECT_EQ(
+      cudaErrorInvalidValue,
+      schedule::build_forward_plan(nullptr, nullptr, 4000, 128, 128, nullptr, nullptr, schedule::PlanKey{},
+                                   nullptr, big, nullptr, false, schedule::PlanBuilder::kSmall));
 }
 
 // A build the offsets check stopped must not leave an older plan's key behind: a later call

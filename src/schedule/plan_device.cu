@@ -2,8 +2,12 @@
 
 #include "schedule/plan.hpp"
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
+
+#include <cstdlib>
+#include <cstring>
 
 namespace jagflash::schedule {
 namespace {
@@ -90,6 +94,87 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
   }
 }
 
+// The whole plan in one CTA, for at most kSmallPlanMaxPairs pairs: the same scan, the same keys
+// and the same stable descending sort as the large path (CUB's BlockRadixSort is stable, like
+// its DeviceRadixSort), in shared memory; then the sorted pair indices and keys, and the tile
+// counter reset. Items in the blocked arrangement the sort takes: thread t holds pairs
+// [kItems t, kItems t + kItems).
+constexpr int kSmallThreads = 512;
+constexpr int kSmallItems = static_cast<int>(kSmallPlanMaxPairs / kSmallThreads);
+
+__global__ void __launch_bounds__(kSmallThreads)
+    small_plan_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size, int tile_m,
+                      int tile_n, int batch_bits, int sort_end_bit, int64_t max_pairs, bool first_block_first,
+                      const int32_t* error_flag, PlanKey* stored_key, PlanKey key, int32_t* num_pairs_out,
+                      int32_t* tile_counter, int32_t* pair_batch, int32_t* pair_block, uint64_t* keys_out,
+                      int32_t* vals_out) {
+  if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
+  if (*error_flag) return;
+  using Scan = cub::BlockScan<int32_t, kSmallThreads>;
+  using Sort = cub::BlockRadixSort<uint64_t, kSmallThreads, kSmallItems, int32_t>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Sort::TempStorage sort;
+  } storage;
+  // max_pairs = total_q / tile_m + B + 1 bounds B: every sequence's pair offset fits here.
+  __shared__ int32_t pair_offset[kSmallPlanMaxPairs];
+  __shared__ int32_t pairs_total;
+  int32_t carry = 0;
+  for (int32_t base = 0; base < batch_size; base += kSmallThreads) {
+    const int32_t b = base + threadIdx.x;
+    const int32_t count = b < batch_size ? q_blocks(q_offsets, b, tile_m) : 0;
+    int32_t offset, chunk_total;
+    Scan(storage.scan).ExclusiveSum(count, offset, chunk_total);
+    if (b < batch_size) pair_offset[b] = carry + offset;
+    carry += chunk_total;
+    __syncthreads();  // the scan storage is reused by the next chunk
+  }
+  if (threadIdx.x == 0) pairs_total = carry;
+  __syncthreads();
+  const int32_t pairs = pairs_total;
+  uint64_t keys[kSmallItems];
+  int32_t vals[kSmallItems];
+#pragma unroll
+  for (int j = 0; j < kSmallItems; ++j) {
+    const int32_t i = static_cast<int32_t>(threadIdx.x) * kSmallItems + j;
+    vals[j] = i;
+    keys[j] = 0u;
+    if (i >= pairs) continue;
+    const int32_t b = owner_of_pair(pair_offset, batch_size, i);
+    const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+    const int32_t blocks = (lq + tile_m - 1) / tile_m;
+    pair_batch[i] = b;
+    const int32_t pos = i - pair_offset[b];
+    pair_block[i] = first_block_first ? pos : blocks - 1 - pos;
+    const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
+    keys[j] = ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
+  }
+  // The sort's storage aliases the scan's, whose last use the loop's __syncthreads closed.
+  Sort(storage.sort).SortDescending(keys, vals, 0, sort_end_bit);
+#pragma unroll
+  for (int j = 0; j < kSmallItems; ++j) {
+    const int64_t i = int64_t(threadIdx.x) * kSmallItems + j;
+    if (i < max_pairs) {
+      keys_out[i] = keys[j];
+      vals_out[i] = vals[j];
+    }
+  }
+  if (threadIdx.x == 0) {
+    *num_pairs_out = pairs;
+    *tile_counter = 0;
+  }
+}
+
+// Benchmark and test knob, read at every build: JAGFLASH_PLAN_BUILDER = small | large overrides
+// kAuto (small where the plan fits).
+PlanBuilder builder_knob(PlanBuilder requested) {
+  if (requested != PlanBuilder::kAuto) return requested;
+  const char* v = std::getenv("JAGFLASH_PLAN_BUILDER");
+  if (v != nullptr && std::strcmp(v, "large") == 0) return PlanBuilder::kLarge;
+  if (v != nullptr && std::strcmp(v, "small") == 0) return PlanBuilder::kSmall;
+  return PlanBuilder::kAuto;
+}
+
 }  // namespace
 
 DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t total_q, int64_t total_kv,
@@ -142,7 +227,19 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
                                PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream,
-                               bool first_block_first) {
+                               bool first_block_first, PlanBuilder builder) {
+  builder = builder_knob(builder);
+  const bool fits = l.max_pairs <= kSmallPlanMaxPairs;
+  if (builder == PlanBuilder::kSmall && !fits) return cudaErrorInvalidValue;
+  if (builder != PlanBuilder::kLarge && fits) {
+    small_plan_kernel<<<1, kSmallThreads, 0, stream>>>(
+        q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.sort_end_bit, l.max_pairs,
+        first_block_first, error_flag, stored_key, key, at<int32_t>(workspace, l.num_pairs),
+        at<int32_t>(workspace, l.tile_counter), at<int32_t>(workspace, l.pair_batch),
+        at<int32_t>(workspace, l.pair_block), at<uint64_t>(workspace, l.keys_out),
+        at<int32_t>(workspace, l.vals_out));
+    return cudaGetLastError();
+  }
   count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key,
                                                      key, at<int32_t>(workspace, l.pair_offset),
                                                      at<int32_t>(workspace, l.num_pairs));

@@ -40,15 +40,27 @@ struct DevicePlan {
 
 DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& layout);
 
+// How the plan is built. Both give the same plan, array for array.
+//  kLarge: a pair-count scan, a fill kernel, CUB's device radix sort and a counter reset (four or
+//    more launches; any size).
+//  kSmall: one kernel of one CTA doing all of it in shared memory, for plans of at most
+//    kSmallPlanMaxPairs pairs (the shapes' bound, DevicePlanLayout::max_pairs): the small batches
+//    whose call cost is launches, not work.
+//  kAuto: kSmall where it fits, else kLarge.
+enum class PlanBuilder { kAuto, kSmall, kLarge };
+constexpr int64_t kSmallPlanMaxPairs = 2048;
+
 // Builds the plan and stores `key` at `stored_key` (skipped entirely when *error_flag is set by
 // the offsets check, and the stored key is then cleared: no later call may reuse the plan).
 // A sequence's blocks come last to first (the forward: under causal its last q blocks are the
 // costliest), or with first_block_first first to last (the backward, whose "q blocks" are KV
-// blocks: under causal its first KV blocks are seen by the most queries).
+// blocks: under causal its first KV blocks are seen by the most queries). kSmall on a layout
+// whose max_pairs exceeds kSmallPlanMaxPairs returns cudaErrorInvalidValue.
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
                                PlanKey key, void* workspace, const DevicePlanLayout& layout,
-                               cudaStream_t stream, bool first_block_first = false);
+                               cudaStream_t stream, bool first_block_first = false,
+                               PlanBuilder builder = PlanBuilder::kAuto);
 
 // Resets the tile counter: each launch of the persistent kernel starts from the first tile.
 cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);
