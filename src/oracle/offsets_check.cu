@@ -22,6 +22,8 @@ __device__ int32_t check_one(const int32_t* offsets, int32_t batch_size, int64_t
 // One block. The threads' bits are gathered in shared memory so that one thread writes the
 // workspace flag and the latch: the latch lives in host memory, where a plain store of the
 // gathered bits needs no system-scope atomics (which not every host link supports natively).
+// The flag is stored whole (0 when the offsets pass), so the call needs no memset before: the
+// kernels after it in the stream read this call's verdict alone.
 __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                      int64_t total_q, int64_t total_kv, int32_t* flag, int32_t* latch) {
   __shared__ int32_t block_bits;
@@ -32,8 +34,9 @@ __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv
       check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
   if (bits) atomicOr(&block_bits, bits);
   __syncthreads();
-  if (threadIdx.x != 0 || block_bits == 0) return;
-  atomicOr(flag, block_bits);
+  if (threadIdx.x != 0) return;
+  *flag = block_bits;
+  if (block_bits == 0) return;
   if (latch != nullptr) {
     // Another failing call may store concurrently: one of the two stores wins, and the latch still
     // holds a failure (the bits of one of them), which is what the next call must report.
@@ -102,10 +105,10 @@ int32_t* latch_host(int device) {
 cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                  int64_t total_q, int64_t total_kv, int32_t* flag, bool check,
                                  cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
-  if (err != cudaSuccess || !check) return err;
+  // Unchecked: the flag is zeroed for the kernels that read it; checked, the check kernel sets it.
+  if (!check) return cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
   int32_t* latch = nullptr;
-  err = latch_for_launch(stream, &latch);
+  cudaError_t err = latch_for_launch(stream, &latch);
   if (err != cudaSuccess) return err;
   offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, batch_size, total_q, total_kv, flag,
                                               latch);
