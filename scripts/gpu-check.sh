@@ -62,6 +62,11 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   small_bwd='GpuHopperBackward.SmallAgainstReference:GpuHopperBackward.NeverWritesPastTheLastSequence'
   step "memcheck, backward" memcheck_bwd.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
   step "racecheck, backward" racecheck_bwd.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
+  # racecheck reports hazards between a plain bulk copy completing on an mbarrier and the reads
+  # after the wait on it, in a minimal correct ring too (8 hazards, fenced or not, every sum right:
+  # H200, 2026-12-01): the backward's hazards on its lse/delta stages are of that kind. This step
+  # shows the repro's report next to the backward's; it fails only if the repro's sums are wrong.
+  step "racecheck repro (bulk copy + mbarrier)" racecheck_repro.log "$limit" compute-sanitizer --tool racecheck "$build/tests/jagflash_racecheck_bulk_copy"
   step "synccheck, backward" synccheck_bwd.log "$limit" compute-sanitizer --tool synccheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
 fi
 if [ "${VARIANTS:-0}" = 1 ]; then
