@@ -181,8 +181,8 @@ Tensor contiguous_offsets(const Tensor& offsets, const Place& place) {
 
 jf_tensor describe(const Tensor& t) {
   const auto [row_stride, head_stride] = strides_of(t);
-  return jf_tensor{t.numel() ? t.data_ptr() : nullptr, t.size(0),  static_cast<int32_t>(t.size(1)),
-                   static_cast<int32_t>(t.size(2)),    row_stride, head_stride};
+  return jf_tensor{t.data_ptr(), t.size(0),  static_cast<int32_t>(t.size(1)), static_cast<int32_t>(t.size(2)),
+                   row_stride,   head_stride};
 }
 
 jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
@@ -326,7 +326,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_of
   jf_fwd_args args{};
   args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
   args.out = describe(out);
-  args.lse = lse.numel() ? static_cast<float*>(lse.data_ptr()) : nullptr;
+  args.lse = static_cast<float*>(lse.data_ptr());
   args.launch = launch_of(place, offsets_check, max_seqlen, false);
   Tensor workspace = run(args, jagflash_fwd_workspace_size, jagflash_fwd, place, JF_DIRECTION_FORWARD);
   return {out, lse, workspace};
@@ -372,7 +372,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
   args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
   args.out = describe(out);
   args.dout = describe(dout);
-  args.lse = lse.numel() ? static_cast<const float*>(lse.data_ptr()) : nullptr;
+  args.lse = static_cast<const float*>(lse.data_ptr());
   args.dq = describe(dq);
   args.dk = describe(dk);
   args.dv = describe(dv);
