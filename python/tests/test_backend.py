@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import jagflash
-from jagflash import _backend, _capi
+from jagflash import _backend, _capi, _launch
 from conftest import make_batch, needs_cuda
 
 
@@ -14,6 +14,9 @@ def fresh_warning_state(monkeypatch):
     """A process that has not warned yet and has asked the library about nothing."""
     monkeypatch.setattr(_backend, "_warned", False)
     monkeypatch.setattr(_backend, "_served", {})
+    # The binding path's own record of the (direction, dtype, head dim, device) keys it showed
+    # _backend: an earlier test's fp32 call would otherwise be skipped here (failed on the H200).
+    monkeypatch.setattr(_launch, "_noted", set())
 
 
 def _tensors(device, dtype=torch.bfloat16, head_dim=64):
