@@ -51,7 +51,7 @@ fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   # Small cases: the sanitizers slow kernels down by orders of magnitude.
-  small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten'
+  small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten:GpuPooled.SmallCaseForSanitizers'
   step "compute-sanitizer memcheck" memcheck.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   step "compute-sanitizer racecheck" racecheck.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   # The two-pair forward shares one CTA's shared memory between two independent pipelines.

@@ -9,6 +9,12 @@
  *   q    [total_q,  H,    D]   k, v [total_kv, H_kv, D]   out [total_q, H, D]
  *   lse  [H, total_q] float32, natural log of the softmax denominator
  *   q_offsets / kv_offsets: int32 [B+1], offsets[0] == 0, non-decreasing, last == total.
+ * Pooled attention (problem.pooled_q_rows = Lq > 0: one query set shared by every sequence, as in
+ * Pooling by Multihead Attention):
+ *   q    [Lq, H, D]   k, v [total_kv, H_kv, D]   out, dout [B*Lq, H, D]   lse [H, B*Lq]
+ *   dq   [Lq, H, D], the sum over the B sequences;  q_offsets NULL, kv_offsets as above.
+ *   Sequence b's output rows are [b*Lq, (b+1)*Lq). Wherever total_q stands for output rows
+ *   (out, dout, lse) it is B*Lq.
  * Strides are in elements; the head dim is contiguous.
  */
 #ifndef JAGFLASH_JAGFLASH_H
@@ -73,8 +79,8 @@ typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVI
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
  * kernel where it serves the call (compute capability 9.0, bf16/fp16; forward: head dim
- * 64/128/256, backward: head dim 64/128), else the oracle. jagflash_query_backend says which one
- * a call runs. */
+ * 64/128/256, backward: head dim 64/128; not pooled problems in this build), else the oracle.
+ * jagflash_query_backend says which one a call runs. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
   JF_BACKEND_REFERENCE = 1, /* CPU, float64 math */
@@ -106,6 +112,18 @@ typedef struct jf_problem {
   int32_t window_left; /* JF_MASK_WINDOW only, -1 = unbounded */
   int32_t window_right;
   float scale; /* 0 means 1/sqrt(D) */
+  /* 0: ordinary attention (the contract above). Lq > 0: pooled attention. The query set q
+   * [Lq, H, D] (q.rows == Lq) is shared by all B sequences: sequence b attends with every query
+   * row over its own keys kv_offsets[b] .. kv_offsets[b+1]. q_offsets must be NULL. out and dout
+   * are [B*Lq, H, D] (sequence b's rows at b*Lq), lse [H, B*Lq], dq [Lq, H, D] (the sum over the
+   * sequences of their contributions; the reference sums in float64, the oracle in fp32, each
+   * rounded once), dk and dv per sequence as always. Masks keep their meaning per sequence with
+   * len_q = Lq and len_kv = the sequence's length (bottom-right aligned): none and a key-side
+   * window (JF_MASK_WINDOW) are what pooling uses; causal is served too. A sequence of length 0
+   * gets out = 0, lse = -inf and contributes no gradient. B*Lq must fit in int32 (2^31-1).
+   * In this build pooled calls run on the CPU reference and the GPU oracle; JF_BACKEND_HOPPER
+   * refuses them (JF_ERR_UNSUPPORTED). */
+  int32_t pooled_q_rows;
 } jf_problem;
 
 typedef struct jf_launch {
@@ -178,9 +196,11 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  *   JF_BACKEND_HOPPER     fast path: compute capability 9.0 (H100, H200, GH200), bf16/fp16,
  *                         head dim 64/128/256 (backward: 64/128), in a build with sm_90a.
  *   JF_BACKEND_ORACLE     slow path (fp32 on CUDA cores, correct, one to two orders of magnitude
- *                         slower): every other call on the GPU. On compute capability 9.0 it runs
- *                         from SASS; on any other GPU of compute capability 8.0 or newer (A100,
- *                         L40, B200, ...) from compute_80 PTX the driver compiles on first use.
+ *                         slower): every other call on the GPU, pooled attention
+ *                         (problem.pooled_q_rows > 0) included in this build. On compute
+ *                         capability 9.0 it runs from SASS; on any other GPU of compute
+ *                         capability 8.0 or newer (A100, L40, B200, ...) from compute_80 PTX the
+ *                         driver compiles on first use.
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
  * them: JF_ERR_UNSUPPORTED for a dtype/head dim this build does not instantiate, for

@@ -70,6 +70,13 @@ inline void set_window(jf_problem& p, int32_t left, int32_t right) {
   p.window_right = right;
 }
 
+// Pooled attention (jf_problem.pooled_q_rows): q [lq, H, D] shared by every sequence, so no q
+// offsets; out [B*lq, H, D], lse [H, B*lq], dq [lq, H, D].
+inline void set_pooled(jf_problem& p, int32_t lq) {
+  p.pooled_q_rows = lq;
+  p.q_offsets = nullptr;
+}
+
 inline size_t forward_workspace_size(const jf_fwd_args& args) {
   size_t bytes = 0;
   throw_if_error(jagflash_fwd_workspace_size(&args, &bytes));

@@ -67,6 +67,9 @@ class Problem(ctypes.Structure):
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
         ("scale", ctypes.c_float),
+        # 0: ordinary attention; Lq > 0: pooled (q [Lq, H, D] shared by every sequence, q_offsets
+        # NULL, out [B*Lq, H, D], lse [H, B*Lq], dq [Lq, H, D] summed over the sequences).
+        ("pooled_q_rows", ctypes.c_int32),
     ]
 
 

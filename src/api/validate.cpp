@@ -3,6 +3,7 @@
 #include "api/device_error.hpp"
 #include "api/error.hpp"
 #include "core/dtype.hpp"
+#include "core/pooled.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -149,7 +150,22 @@ void check_problem(const jf_problem& p, bool ask_location) {
   if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
     fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
-  if (p.q_offsets == nullptr) fail_argument("problem.q_offsets", "a non-null pointer to B+1 int32", "NULL");
+  if (p.pooled_q_rows < 0)
+    fail_argument("problem.pooled_q_rows", ">= 0 (0 = ordinary attention, Lq > 0 = pooled)", p.pooled_q_rows);
+  if (is_pooled(p)) {
+    // Sequence b's query rows are b*Lq .. (b+1)*Lq - 1 by construction: no q offsets to read.
+    if (p.q_offsets != nullptr)
+      fail_argument("problem.q_offsets", "NULL when problem.pooled_q_rows > 0 (pooled attention)",
+                    "a non-null pointer");
+    if (output_rows(p) > kMaxTokens) {
+      std::ostringstream e, g;
+      e << "batch_size * pooled_q_rows (the output rows) <= 2^31-1 (batch_size = " << p.batch_size << ")";
+      g << p.pooled_q_rows << " (" << output_rows(p) << " output rows)";
+      fail_argument("problem.pooled_q_rows", e.str(), g.str());
+    }
+  } else if (p.q_offsets == nullptr) {
+    fail_argument("problem.q_offsets", "a non-null pointer to B+1 int32", "NULL");
+  }
   if (p.kv_offsets == nullptr) fail_argument("problem.kv_offsets", "a non-null pointer to B+1 int32", "NULL");
   check_aligned("problem.q_offsets", p.q_offsets, alignof(int32_t), "int32");
   check_aligned("problem.kv_offsets", p.kv_offsets, alignof(int32_t), "int32");
@@ -163,6 +179,11 @@ void check_problem(const jf_problem& p, bool ask_location) {
   }
   check_head_dim("problem.q.head_dim", p.q.head_dim);
   if (p.q.rows < 0 || p.q.rows > kMaxTokens) fail_argument("problem.q.rows", "in [0, 2^31-1]", p.q.rows);
+  if (is_pooled(p) && p.q.rows != p.pooled_q_rows) {
+    std::ostringstream e;
+    e << "problem.pooled_q_rows (" << p.pooled_q_rows << "): pooled q is [Lq, H, D]";
+    fail_argument("problem.q.rows", e.str(), p.q.rows);
+  }
   if (p.k.rows < 0 || p.k.rows > kMaxTokens) fail_argument("problem.k.rows", "in [0, 2^31-1]", p.k.rows);
 
   const int32_t h = p.q.heads, h_kv = p.k.heads, d = p.q.head_dim;
@@ -242,8 +263,9 @@ void check_no_earlier_device_error(const jf_problem& p) {
 
 void check_offsets(const jf_problem& p, const jf_launch& l) {
   if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return;
-  validate_host_offsets("problem.q_offsets", offsets_to_host(p.q_offsets, p.batch_size, p, l).data(),
-                        p.batch_size, p.q.rows);
+  if (!is_pooled(p))  // pooled: no q offsets (NULL)
+    validate_host_offsets("problem.q_offsets", offsets_to_host(p.q_offsets, p.batch_size, p, l).data(),
+                          p.batch_size, p.q.rows);
   validate_host_offsets("problem.kv_offsets", offsets_to_host(p.kv_offsets, p.batch_size, p, l).data(),
                         p.batch_size, p.k.rows);
 }
@@ -271,6 +293,7 @@ ByteRange lse_range(const void* lse, int64_t heads, int64_t total_q) {
 
 // The offsets are inputs too: the implementations read them while they write the outputs.
 ByteRange offsets_range(const int32_t* offsets, int32_t batch_size) {
+  if (offsets == nullptr) return {};  // pooled attention's q_offsets
   const auto b = reinterpret_cast<uintptr_t>(offsets);
   return {b, b + (static_cast<uintptr_t>(batch_size) + 1) * sizeof(int32_t)};
 }
@@ -297,7 +320,7 @@ void check_workspace_disjoint(const jf_launch& l, size_t needed, const NamedRang
 // What a forward writes and what it reads, by argument name.
 NamedRanges forward_outputs(const jf_fwd_args& a) {
   const jf_problem& p = a.problem;
-  return {{"out", byte_range(a.out, p.dtype)}, {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}};
+  return {{"out", byte_range(a.out, p.dtype)}, {"lse", lse_range(a.lse, p.q.heads, output_rows(p))}};
 }
 NamedRanges problem_inputs(const jf_problem& p) {
   return {{"q", byte_range(p.q, p.dtype)},
@@ -317,7 +340,7 @@ NamedRanges backward_inputs(const jf_bwd_args& a) {
   NamedRanges in = problem_inputs(p);
   in.insert(in.begin() + 3, {{"out", byte_range(a.out, p.dtype)},
                              {"dout", byte_range(a.dout, p.dtype)},
-                             {"lse", lse_range(a.lse, p.q.heads, p.q.rows)}});
+                             {"lse", lse_range(a.lse, p.q.heads, output_rows(p))}});
   return in;
 }
 
@@ -439,7 +462,7 @@ void validate_forward_shapes(const jf_fwd_args& a) {
   const bool ask = ask_locations(a.launch);
   check_problem(p, ask);
   check_launch(a.launch, p);
-  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("out", a.out, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device, ask);
   check_no_overlap(forward_outputs(a), problem_inputs(p));
@@ -450,13 +473,17 @@ void validate_backward_shapes(const jf_bwd_args& a) {
   const bool ask = ask_locations(a.launch);
   check_problem(p, ask);
   check_launch(a.launch, p);
-  check_tensor("out", a.out, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
-  check_tensor("dout", a.dout, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
+  // Pooled: out and dout [B*Lq, H, D], dq [Lq, H, D] like q; otherwise all three [total_q, H, D].
+  check_tensor("out", a.out, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("dout", a.dout, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
   check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
   check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
   check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
-  if (a.lse == nullptr && p.q.rows > 0)
-    fail_argument("lse", "the forward's lse [H, total_q] (non-null)", "NULL");
+  if (a.lse == nullptr && output_rows(p) > 0)
+    fail_argument(
+        "lse",
+        is_pooled(p) ? "the forward's lse [H, B*Lq] (non-null)" : "the forward's lse [H, total_q] (non-null)",
+        "NULL");
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device, ask);
   check_no_overlap(backward_outputs(a), backward_inputs(a));

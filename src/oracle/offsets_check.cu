@@ -29,9 +29,12 @@ __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv
   __shared__ int32_t block_bits;
   if (threadIdx.x == 0) block_bits = 0;
   __syncthreads();
+  // q_offsets NULL: pooled attention, whose query rows need no offsets (never read).
+  const int32_t q_bits = q_offsets != nullptr ? check_one(q_offsets, batch_size, total_q, kQFirstNotZero,
+                                                          kQDecreasing, kQLastNotTotal)
+                                              : 0;
   const int32_t bits =
-      check_one(q_offsets, batch_size, total_q, kQFirstNotZero, kQDecreasing, kQLastNotTotal) |
-      check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
+      q_bits | check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
   if (bits) atomicOr(&block_bits, bits);
   __syncthreads();
   if (threadIdx.x != 0) return;

@@ -47,8 +47,9 @@ enum OffsetsError : int32_t {
 };
 
 // Zeroes `flag`, then (when `check` is true) validates both offset arrays on the device and
-// sets the bits above. Every oracle kernel reads the flag first. A failing check also ORs its bits
-// into the current device's latch (below), so that a later call learns of it without a sync.
+// sets the bits above; q_offsets NULL (pooled attention) checks kv_offsets alone. Every oracle kernel reads
+// the flag first. A failing check also ORs its bits into the current device's latch (below), so that a later
+// call learns of it without a sync.
 cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                  int64_t total_q, int64_t total_kv, int32_t* flag, bool check,
                                  cudaStream_t stream);

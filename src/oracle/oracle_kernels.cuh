@@ -4,6 +4,7 @@
 
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
+#include "core/pooled.hpp"
 #include "oracle/oracle.hpp"
 
 #include <cuda_runtime.h>
@@ -36,10 +37,11 @@ TensorRef<T> ref(const jf_tensor& t) {
 
 // What every oracle kernel needs to locate a row in its sequence.
 struct JaggedGeometry {
-  const int32_t* q_offsets;
+  const int32_t* q_offsets;  // NULL when pooled
   const int32_t* kv_offsets;
   int32_t batch_size;
-  int64_t total_q;
+  int32_t pooled_q_rows;  // Lq > 0: one query set [Lq] shared by every sequence (jf_problem)
+  int64_t total_q;        // rows of out, dout, lse and delta: q.rows, or B * Lq when pooled
   int64_t total_kv;
   int32_t num_heads;
   int32_t group;  // query heads per kv head
@@ -54,7 +56,8 @@ inline JaggedGeometry geometry(const jf_problem& p, const Workspace& ws) {
   g.q_offsets = p.q_offsets;
   g.kv_offsets = p.kv_offsets;
   g.batch_size = p.batch_size;
-  g.total_q = p.q.rows;
+  g.pooled_q_rows = p.pooled_q_rows;
+  g.total_q = output_rows(p);
   g.total_kv = p.k.rows;
   g.num_heads = p.q.heads;
   g.group = p.q.heads / p.k.heads;
@@ -76,6 +79,37 @@ __device__ __forceinline__ int32_t find_sequence(const int32_t* offsets, int32_t
       hi = mid;
   }
   return lo;
+}
+
+// Where an output row (a row of out, dout, lse and delta) sits: its sequence, the q row it reads,
+// its query index in the sequence, and the sequence's lengths. Pooled, output row b * Lq + i reads
+// q row i; otherwise output rows are q rows.
+struct OutputRowPlace {
+  int32_t b;
+  int64_t q_row;
+  int64_t i;
+  int64_t lq;
+  int64_t kv_start;
+  int64_t lk;
+};
+
+__device__ __forceinline__ OutputRowPlace place_output_row(const JaggedGeometry& g, int64_t row) {
+  OutputRowPlace r;
+  if (g.pooled_q_rows > 0) {
+    r.b = static_cast<int32_t>(row / g.pooled_q_rows);
+    r.i = row - int64_t(r.b) * g.pooled_q_rows;
+    r.q_row = r.i;
+    r.lq = g.pooled_q_rows;
+  } else {
+    r.b = find_sequence(g.q_offsets, g.batch_size, row);
+    const int64_t q_start = g.q_offsets[r.b];
+    r.i = row - q_start;
+    r.q_row = row;
+    r.lq = g.q_offsets[r.b + 1] - q_start;
+  }
+  r.kv_start = g.kv_offsets[r.b];
+  r.lk = g.kv_offsets[r.b + 1] - r.kv_start;
+  return r;
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -130,7 +164,7 @@ struct WarpVec {
   }
 };
 
-// ---- forward: one warp per (query row, head), online softmax over the visible keys -------------
+// ---- forward: one warp per (output row, head), online softmax over the visible keys ------------
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     forward_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k, TensorRef<const T> v,
@@ -143,13 +177,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t row = item / g.num_heads;
     const int32_t head = static_cast<int32_t>(item % g.num_heads);
     const int32_t kv_head = head / g.group;
-    const int32_t b = find_sequence(g.q_offsets, g.batch_size, row);
-    const int64_t q_start = g.q_offsets[b], kv_start = g.kv_offsets[b];
-    const int64_t lq = g.q_offsets[b + 1] - q_start, lk = g.kv_offsets[b + 1] - kv_start;
-    const IndexRange keys = g.mask.key_range(row - q_start, lq, lk);
+    const OutputRowPlace place = place_output_row(g, row);
+    const int64_t kv_start = place.kv_start;
+    const IndexRange keys = g.mask.key_range(place.i, place.lq, place.lk);
 
     WarpVec<D> q_row, acc;
-    q_row.load(q.at(row, head), lane, g.scale_log2);
+    q_row.load(q.at(place.q_row, head), lane, g.scale_log2);
     acc.zero();
     float m_i = -INFINITY, l_i = 0.f;
     for (int64_t j = keys.lo; j <= keys.hi; ++j) {
@@ -182,10 +215,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t row = item / g.num_heads;
     const int32_t head = static_cast<int32_t>(item % g.num_heads);
     const int32_t kv_head = head / g.group;
-    const int32_t b = find_sequence(g.q_offsets, g.batch_size, row);
-    const int64_t q_start = g.q_offsets[b], kv_start = g.kv_offsets[b];
-    const int64_t lq = g.q_offsets[b + 1] - q_start, lk = g.kv_offsets[b + 1] - kv_start;
-    const IndexRange keys = g.mask.key_range(row - q_start, lq, lk);
+    const OutputRowPlace place = place_output_row(g, row);
+    const int64_t kv_start = place.kv_start;
+    const IndexRange keys = g.mask.key_range(place.i, place.lq, place.lk);
 
     WarpVec<D> q_row, do_row, o_row, dq_acc;
     q_row.load(q.at(row, head), lane, g.scale_log2);
@@ -207,6 +239,48 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// ---- pooled backward, part 1: one warp per (query row i of the shared set, head): for every
+// sequence in order, delta of its output row b * Lq + i, then that sequence's dq contribution, all
+// added into one fp32 accumulator and rounded once (a fixed order: bitwise repeatable). --------
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    pooled_backward_dq_kernel(JaggedGeometry g, TensorRef<const T> q, TensorRef<const T> k,
+                              TensorRef<const T> v, TensorRef<const T> out, TensorRef<const T> dout,
+                              const float* lse, float* delta, TensorRef<T> dq) {
+  if (*g.error_flag) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t lq = g.pooled_q_rows;
+  const int64_t num_items = lq * g.num_heads;
+  for (int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; item < num_items;
+       item += int64_t(gridDim.x) * kWarpsPerBlock) {
+    const int64_t i = item / g.num_heads;
+    const int32_t head = static_cast<int32_t>(item % g.num_heads);
+    const int32_t kv_head = head / g.group;
+
+    WarpVec<D> q_row, do_row, o_row, dq_acc;
+    q_row.load(q.at(i, head), lane, g.scale_log2);
+    dq_acc.zero();
+    for (int32_t b = 0; b < g.batch_size; ++b) {
+      const int64_t row = int64_t(b) * lq + i;
+      const int64_t kv_start = g.kv_offsets[b], lk = g.kv_offsets[b + 1] - kv_start;
+      do_row.load(dout.at(row, head), lane);
+      o_row.load(out.at(row, head), lane);
+      const float delta_i = do_row.dot(o_row);
+      if (lane == 0) delta[int64_t(head) * g.total_q + row] = delta_i;
+      const float lse_log2 = lse[int64_t(head) * g.total_q + row] * kLog2e;
+      if (lse_log2 == -INFINITY) continue;  // no visible key (a sequence of length 0, or the mask)
+      const IndexRange keys = g.mask.key_range(i, lq, lk);
+      for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+        const T* k_row = k.at(kv_start + j, kv_head);
+        const float p = exp2f(q_row.dot(k_row, lane) - lse_log2);
+        const float dp = do_row.dot(v.at(kv_start + j, kv_head), lane);
+        dq_acc.scale_add(1.f, p * (dp - delta_i), k_row, lane);
+      }
+    }
+    dq_acc.store(dq.at(i, head), lane, g.scale);
+  }
+}
+
 // ---- backward, part 2: one warp per (key row, kv head): dk, dv over the group's queries --------
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -222,8 +296,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t row = item / num_kv_heads;
     const int32_t kv_head = static_cast<int32_t>(item % num_kv_heads);
     const int32_t b = find_sequence(g.kv_offsets, g.batch_size, row);
-    const int64_t q_start = g.q_offsets[b], kv_start = g.kv_offsets[b];
-    const int64_t lq = g.q_offsets[b + 1] - q_start, lk = g.kv_offsets[b + 1] - kv_start;
+    const int64_t kv_start = g.kv_offsets[b], lk = g.kv_offsets[b + 1] - kv_start;
+    // The sequence's q (and dq) rows start at q_start, its out/dout/lse/delta rows at out_start:
+    // the same rows unless pooled (q rows 0 .. Lq-1 for every sequence, outputs at b * Lq).
+    const bool pooled = g.pooled_q_rows > 0;
+    const int64_t q_start = pooled ? 0 : g.q_offsets[b];
+    const int64_t out_start = pooled ? int64_t(b) * g.pooled_q_rows : q_start;
+    const int64_t lq = pooled ? g.pooled_q_rows : g.q_offsets[b + 1] - q_start;
     const IndexRange queries = g.mask.query_range(row - kv_start, lq, lk);
 
     WarpVec<D> k_row, v_row, dk_acc, dv_acc;
@@ -233,14 +312,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     dv_acc.zero();
     for (int32_t h = kv_head * g.group; h < (kv_head + 1) * g.group; ++h) {
       for (int64_t i = queries.lo; i <= queries.hi; ++i) {
-        const int64_t q_row_idx = q_start + i;
-        const float lse_log2 = lse[int64_t(h) * g.total_q + q_row_idx] * kLog2e;
+        const int64_t out_row_idx = out_start + i;
+        const float lse_log2 = lse[int64_t(h) * g.total_q + out_row_idx] * kLog2e;
         if (lse_log2 == -INFINITY) continue;  // cannot happen when i sees this key; kept as a guard
-        const T* q_row = q.at(q_row_idx, h);
-        const T* do_row = dout.at(q_row_idx, h);
+        const T* q_row = q.at(q_start + i, h);
+        const T* do_row = dout.at(out_row_idx, h);
         const float p = exp2f(k_row.dot(q_row, lane) - lse_log2);
         const float dp = v_row.dot(do_row, lane);
-        const float ds = p * (dp - delta[int64_t(h) * g.total_q + q_row_idx]);
+        const float ds = p * (dp - delta[int64_t(h) * g.total_q + out_row_idx]);
         dv_acc.scale_add(1.f, p, do_row, lane);
         dk_acc.scale_add(1.f, ds, q_row, lane);
       }
@@ -259,9 +338,10 @@ inline unsigned grid_for(int64_t warps) {
 template <typename T, int D>
 cudaError_t forward(const jf_fwd_args& a, const Workspace& ws, cudaStream_t stream) {
   const jf_problem& p = a.problem;
-  if (p.q.rows == 0) return cudaSuccess;
+  const int64_t rows = output_rows(p);
+  if (rows == 0) return cudaSuccess;
   const JaggedGeometry g = geometry(p, ws);
-  forward_kernel<T, D><<<grid_for(p.q.rows * p.q.heads), kThreadsPerBlock, 0, stream>>>(
+  forward_kernel<T, D><<<grid_for(rows * p.q.heads), kThreadsPerBlock, 0, stream>>>(
       g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<T>(a.out), a.lse);
   return cudaGetLastError();
 }
@@ -270,7 +350,15 @@ template <typename T, int D>
 cudaError_t backward(const jf_bwd_args& a, const Workspace& ws, cudaStream_t stream) {
   const jf_problem& p = a.problem;
   const JaggedGeometry g = geometry(p, ws);
-  if (p.q.rows > 0) {
+  if (is_pooled(p)) {
+    // Every dq row is written (0 when B = 0 or no row sees a key), before the dk/dv kernel reads
+    // the delta it leaves in the workspace.
+    pooled_backward_dq_kernel<T, D><<<grid_for(p.q.rows * p.q.heads), kThreadsPerBlock, 0, stream>>>(
+        g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.out), ref<const T>(a.dout),
+        a.lse, ws.delta, ref<T>(a.dq));
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  } else if (p.q.rows > 0) {
     backward_dq_kernel<T, D><<<grid_for(p.q.rows * p.q.heads), kThreadsPerBlock, 0, stream>>>(
         g, ref<const T>(p.q), ref<const T>(p.k), ref<const T>(p.v), ref<const T>(a.out), ref<const T>(a.dout),
         a.lse, ws.delta, ref<T>(a.dq));

@@ -3,6 +3,11 @@
 // head outright, so tasks never write the same element and the result does not depend on how
 // threads pick them up.
 //
+// Pooled attention (problem.pooled_q_rows = Lq > 0): every sequence reads the same q rows
+// [0, Lq) and writes its own out/lse rows [b*Lq, (b+1)*Lq); dq [Lq, H, D] is the sum over the
+// sequences, so the (sequence, kv head) tasks write dK/dV only and a second pass, one task per
+// query head, adds every sequence's dQ contribution in sequence order (float64, rounded once).
+//
 // Per task, every operand is copied into a contiguous row-major [rows, D] double buffer; a query
 // row then needs only its visible key range, so memory is O((Lq + Lk) * D) and no Lq x Lk matrix
 // is ever built.
@@ -10,6 +15,7 @@
 
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
+#include "core/pooled.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -34,7 +40,8 @@ struct Task {
 };
 
 struct SequenceSpan {
-  int64_t q_begin;
+  int64_t q_begin;    // first row of q (and of dq) the sequence reads
+  int64_t out_begin;  // first row of out, dout and lse: q_begin, or b * Lq when pooled
   int64_t lq;
   int64_t kv_begin;
   int64_t lk;
@@ -42,8 +49,15 @@ struct SequenceSpan {
 
 SequenceSpan span_of(const jf_problem& problem, int32_t b) {
   SequenceSpan s;
-  s.q_begin = problem.q_offsets[b];
-  s.lq = problem.q_offsets[b + 1] - s.q_begin;
+  if (is_pooled(problem)) {
+    s.q_begin = 0;
+    s.lq = problem.pooled_q_rows;
+    s.out_begin = int64_t{b} * s.lq;
+  } else {
+    s.q_begin = problem.q_offsets[b];
+    s.lq = problem.q_offsets[b + 1] - s.q_begin;
+    s.out_begin = s.q_begin;
+  }
   s.kv_begin = problem.kv_offsets[b];
   s.lk = problem.kv_offsets[b + 1] - s.kv_begin;
   return s;
@@ -160,7 +174,7 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
   const SequenceSpan s = span_of(problem, task.batch);
   const int64_t d_count = problem.q.head_dim;
   const int32_t group = problem.q.heads / problem.k.heads;
-  const int64_t total_q = problem.q_offsets[problem.batch_size];
+  const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
 
@@ -182,9 +196,9 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
           for (int64_t d = 0; d < d_count; ++d) o_row[d] += p_ij * v_row[d];
         }
       }
-      if (args.lse != nullptr) args.lse[h * total_q + s.q_begin + i] = static_cast<float>(lse);
+      if (args.lse != nullptr) args.lse[h * lse_rows + s.out_begin + i] = static_cast<float>(lse);
     }
-    store_head<T>(args.out, s.q_begin, s.lq, h, o_f64);
+    store_head<T>(args.out, s.out_begin, s.lq, h, o_f64);
   }
 }
 
@@ -193,6 +207,52 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
 //   dS_ij = P_ij (dP_ij - delta_i),  dQ_i = scale sum_j dS_ij K_j,  dK_j += scale dS_ij Q_i.
 // delta comes from P and dP rather than from rowsum(dO * O) with the stored O, so the reference
 // carries no rounding of O.
+//
+// One (sequence, query head), operands as contiguous [rows, D] buffers: adds the head's
+// contributions to dq_f64 [lq, D] and to dk_f64, dv_f64 [lk, D], each skipped when null.
+struct HeadGrads {
+  double* dq_f64;
+  double* dk_f64;
+  double* dv_f64;
+};
+
+void accumulate_head_backward(const std::vector<double>& q_f64, const std::vector<double>& do_f64,
+                              const std::vector<double>& k_f64, const std::vector<double>& v_f64,
+                              const SequenceSpan& s, int64_t d_count, const MaskPolicy& mask, double scale,
+                              HeadGrads grads, std::vector<double>& p, std::vector<double>& dp) {
+  for (int64_t i = 0; i < s.lq; ++i) {
+    const IndexRange range = mask.key_range(i, s.lq, s.lk);
+    if (range.empty()) continue;
+    const double* q_row = q_f64.data() + i * d_count;
+    const double* do_row = do_f64.data() + i * d_count;
+    row_softmax(q_row, k_f64, range, d_count, scale, p);
+    double delta_i = 0.0;
+    for (int64_t j = range.lo; j <= range.hi; ++j) {
+      const size_t jj = static_cast<size_t>(j - range.lo);
+      dp[jj] = dot(do_row, v_f64.data() + j * d_count, d_count);
+      delta_i += p[jj] * dp[jj];
+    }
+    double* dq_row = grads.dq_f64 != nullptr ? grads.dq_f64 + i * d_count : nullptr;
+    for (int64_t j = range.lo; j <= range.hi; ++j) {
+      const size_t jj = static_cast<size_t>(j - range.lo);
+      const double ds_ij = p[jj] * (dp[jj] - delta_i);
+      const double* k_row = k_f64.data() + j * d_count;
+      if (dq_row != nullptr)
+        for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
+      if (grads.dk_f64 != nullptr) {
+        double* dk_row = grads.dk_f64 + j * d_count;
+        double* dv_row = grads.dv_f64 + j * d_count;
+        for (int64_t d = 0; d < d_count; ++d) {
+          dk_row[d] += scale * ds_ij * q_row[d];
+          dv_row[d] += p[jj] * do_row[d];
+        }
+      }
+    }
+  }
+}
+
+// One (sequence, kv head): dK/dV of the sequence's keys, summed over the group's query heads,
+// and (ordinary attention) the sequence's dQ rows. Pooled, dQ is left to pooled_dq_task.
 template <typename T>
 void backward_task(const jf_bwd_args& args, const Task& task) {
   const jf_problem& problem = args.problem;
@@ -201,6 +261,7 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   const int32_t group = problem.q.heads / problem.k.heads;
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const bool own_dq = !is_pooled(problem);
 
   std::vector<double> k_f64, v_f64, q_f64, do_f64, dq_f64;
   std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk));
@@ -210,38 +271,43 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
   for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
-    load_head<T>(args.dout, s.q_begin, s.lq, h, do_f64);
-    dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
-    for (int64_t i = 0; i < s.lq; ++i) {
-      const IndexRange range = mask.key_range(i, s.lq, s.lk);
-      if (range.empty()) continue;
-      const double* q_row = q_f64.data() + i * d_count;
-      const double* do_row = do_f64.data() + i * d_count;
-      row_softmax(q_row, k_f64, range, d_count, scale, p);
-      double delta_i = 0.0;
-      for (int64_t j = range.lo; j <= range.hi; ++j) {
-        const size_t jj = static_cast<size_t>(j - range.lo);
-        dp[jj] = dot(do_row, v_f64.data() + j * d_count, d_count);
-        delta_i += p[jj] * dp[jj];
-      }
-      double* dq_row = dq_f64.data() + i * d_count;
-      for (int64_t j = range.lo; j <= range.hi; ++j) {
-        const size_t jj = static_cast<size_t>(j - range.lo);
-        const double ds_ij = p[jj] * (dp[jj] - delta_i);
-        const double* k_row = k_f64.data() + j * d_count;
-        double* dk_row = dk_f64.data() + j * d_count;
-        double* dv_row = dv_f64.data() + j * d_count;
-        for (int64_t d = 0; d < d_count; ++d) {
-          dq_row[d] += scale * ds_ij * k_row[d];
-          dk_row[d] += scale * ds_ij * q_row[d];
-          dv_row[d] += p[jj] * do_row[d];
-        }
-      }
-    }
-    store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
+    load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
+    if (own_dq) dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, mask, scale,
+                             {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()}, p, dp);
+    if (own_dq) store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
   }
   store_head<T>(args.dk, s.kv_begin, s.lk, task.kv_head, dk_f64);
   store_head<T>(args.dv, s.kv_begin, s.lk, task.kv_head, dv_f64);
+}
+
+// Pooled dQ of query head h: every sequence's contribution added in sequence order into one
+// float64 accumulator [Lq, D], rounded once. Sequences of length 0 contribute nothing; dq = 0
+// when no query row sees a key anywhere (B = 0 included).
+template <typename T>
+void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
+  const jf_problem& problem = args.problem;
+  const int64_t lq = problem.pooled_q_rows;
+  const int64_t d_count = problem.q.head_dim;
+  const int32_t kv_head = h / (problem.q.heads / problem.k.heads);
+  const double scale = softmax_scale(problem);
+  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+
+  std::vector<double> q_f64, k_f64, v_f64, do_f64, p, dp;
+  std::vector<double> dq_f64(static_cast<size_t>(lq * d_count), 0.0);
+  load_head<T>(problem.q, 0, lq, h, q_f64);
+  for (int32_t b = 0; b < problem.batch_size; ++b) {
+    const SequenceSpan s = span_of(problem, b);
+    if (s.lk == 0) continue;
+    p.resize(static_cast<size_t>(s.lk));
+    dp.resize(static_cast<size_t>(s.lk));
+    load_head<T>(problem.k, s.kv_begin, s.lk, kv_head, k_f64);
+    load_head<T>(problem.v, s.kv_begin, s.lk, kv_head, v_f64);
+    load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, mask, scale,
+                             {dq_f64.data(), nullptr, nullptr}, p, dp);
+  }
+  store_head<T>(args.dq, 0, lq, h, dq_f64);
 }
 
 }  // namespace
@@ -261,6 +327,11 @@ void backward(const jf_bwd_args& args) {
   dispatch_dtype(args.problem.dtype, [&](auto storage) {
     using T = decltype(storage);
     parallel_for(tasks.size(), work, [&](size_t i) { backward_task<T>(args, tasks[i]); });
+    if (is_pooled(args.problem)) {
+      // The dQ pass recomputes what the dK/dV pass did: the same work again, over H tasks.
+      parallel_for(static_cast<size_t>(args.problem.q.heads), work,
+                   [&](size_t h) { pooled_dq_task<T>(args, static_cast<int32_t>(h)); });
+    }
   });
 }
 

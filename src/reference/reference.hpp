@@ -14,7 +14,9 @@ void forward(const jf_fwd_args& args);
 // backward: dq, dk, dv (input dtype). Recomputes the forward in float64 from q, k, v and uses
 // args.dout; args.out and args.lse are not needed for the math (they are validated by the API).
 // With GQA, dk/dv sum over the query heads of each group. Rows that see no key have zero
-// gradients; keys no query sees get dk = dv = 0.
+// gradients; keys no query sees get dk = dv = 0. Pooled (problem.pooled_q_rows > 0): out, dout
+// and lse rows are sequence b's at b * Lq; dq [Lq, H, D] is the sum of every sequence's
+// contribution, added in sequence order in float64 and rounded once.
 void backward(const jf_bwd_args& args);
 
 }  // namespace jagflash::reference

@@ -2,6 +2,7 @@
 
 #include "fuzz_case.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +49,15 @@ class Judge {
     if (mask < JF_MASK_NONE || mask > JF_MASK_WINDOW) add("problem.mask", "one of the jf_mask values");
 
     if (p.batch_size < 0) add("problem.batch_size", ">= 0");
+    // Pooled attention: q [Lq] shared by every sequence, no q_offsets, B * Lq output rows.
+    pooled_ = p.pooled_q_rows > 0;
+    if (p.pooled_q_rows < 0) add("problem.pooled_q_rows", ">= 0");
+    if (pooled_) {
+      if (p.q_offsets != nullptr) add("problem.q_offsets", "NULL when pooled");
+      if (p.batch_size >= 0 && int64_t{p.batch_size} * p.pooled_q_rows > std::numeric_limits<int32_t>::max())
+        add("problem.pooled_q_rows", "B * Lq output rows within int32");
+      if (p.q.rows != p.pooled_q_rows) add("problem.q.rows", "pooled_q_rows when pooled");
+    }
     if (p.q.heads <= 0) add("problem.q.heads", "> 0");
     if (p.k.heads <= 0) add("problem.k.heads", "> 0");
     if (p.q.heads > 0 && p.k.heads > 0 && p.q.heads % p.k.heads != 0)
@@ -83,7 +93,7 @@ class Judge {
     if (l.max_seqlen_hint < 0) add("launch.max_seqlen_hint", ">= 0");
     // The workspace: a CPU call needs none, so any workspace is accepted (and left alone).
 
-    offsets("problem.q_offsets", p.q_offsets, p.batch_size, p.q.rows);
+    if (!pooled_) offsets("problem.q_offsets", p.q_offsets, p.batch_size, p.q.rows);
     offsets("problem.kv_offsets", p.kv_offsets, p.batch_size, p.k.rows);
     pointer("launch.workspace", l.workspace);
   }
@@ -122,9 +132,13 @@ class Judge {
     const auto b = reinterpret_cast<uintptr_t>(t.data);
     return {b, b + static_cast<uintptr_t>(bytes)};
   }
+  // Rows of out, dout and lse: B * Lq when pooled, else q.rows.
+  int64_t out_rows(const jf_problem& p) const {
+    return pooled_ ? int64_t{std::max(p.batch_size, 0)} * p.pooled_q_rows : p.q.rows;
+  }
   Span lse_span(const void* lse, const jf_problem& p) const {
-    if (lse == nullptr || p.q.heads <= 0 || p.q.rows <= 0) return {};
-    const __int128 bytes = static_cast<__int128>(p.q.heads) * p.q.rows * 4;
+    if (lse == nullptr || p.q.heads <= 0 || out_rows(p) <= 0) return {};
+    const __int128 bytes = static_cast<__int128>(p.q.heads) * out_rows(p) * 4;
     if (bytes > kI64Max) return {};
     const auto b = reinterpret_cast<uintptr_t>(lse);
     return {b, b + static_cast<uintptr_t>(bytes)};
@@ -191,6 +205,7 @@ class Judge {
   bool gpu_present_;
   bool on_gpu_ = false;
   bool pointers_vouched_ = false;
+  bool pooled_ = false;
   int dtype_ = 0, device_ = 0, elem_ = 2;
   Verdict verdict_;
 };
@@ -237,7 +252,7 @@ Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present) {
   if (a == nullptr) return j.take();
   const jf_problem& p = a->problem;
   j.problem(p, a->launch);
-  j.tensor("out", a->out, p.q.rows, p.q.heads, p.q.head_dim);
+  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.q.head_dim);
   j.lse(a->lse);
   j.disjoint({{"out", j.span(a->out)}, {"lse", j.lse_span(a->lse, p)}},
              {{"problem.q", j.span(p.q)},
@@ -255,12 +270,12 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present) 
   if (a == nullptr) return j.take();
   const jf_problem& p = a->problem;
   j.problem(p, a->launch);
-  j.tensor("out", a->out, p.q.rows, p.q.heads, p.q.head_dim);
-  j.tensor("dout", a->dout, p.q.rows, p.q.heads, p.q.head_dim);
+  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.q.head_dim);
+  j.tensor("dout", a->dout, j.out_rows(p), p.q.heads, p.q.head_dim);
   j.tensor("dq", a->dq, p.q.rows, p.q.heads, p.q.head_dim);
   j.tensor("dk", a->dk, p.k.rows, p.k.heads, p.q.head_dim);
   j.tensor("dv", a->dv, p.k.rows, p.k.heads, p.q.head_dim);
-  if (a->lse == nullptr && p.q.rows > 0) j.add("lse", "the forward's lse (required)");
+  if (a->lse == nullptr && j.out_rows(p) > 0) j.add("lse", "the forward's lse (required)");
   j.lse(a->lse);
   j.disjoint({{"dq", j.span(a->dq)}, {"dk", j.span(a->dk)}, {"dv", j.span(a->dv)}},
              {{"problem.q", j.span(p.q)},

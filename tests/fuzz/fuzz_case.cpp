@@ -83,11 +83,15 @@ std::string tensor_text(const jf_tensor& t) {
   return s.str();
 }
 
+// lse [H, rows]: rows = B * Lq for a pooled call, else q.rows.
 int64_t lse_bytes(const CaseSpec& s) {
   const jf_tensor& q = s.tensors[kQ];
-  if (q.rows <= 0) return 0;
+  const __int128 rows = s.pooled_q_rows > 0
+                            ? static_cast<__int128>(std::max(s.batch_size, 0)) * s.pooled_q_rows
+                            : static_cast<__int128>(q.rows);
+  if (rows <= 0) return 0;
   if (q.heads <= 0) return -1;
-  const __int128 bytes = static_cast<__int128>(q.heads) * q.rows * 4;
+  const __int128 bytes = static_cast<__int128>(q.heads) * rows * 4;
   return bytes > kI64Max ? -1 : static_cast<int64_t>(bytes);
 }
 
@@ -414,6 +418,15 @@ void mutate_launch(CaseSpec& s, Rng& rng) {
   s.mutations.push_back(m.str());
 }
 
+// Pooled attention's field: negative, a length q does not have, or past int32 rows with B.
+void mutate_pooled(CaseSpec& s, Rng& rng) {
+  const int64_t q_rows = s.tensors[kQ].rows;
+  s.pooled_q_rows =
+      rng.pick<int32_t>({-1, kI32Min, 1, clamp_i32(q_rows),
+                         clamp_i32(clamp_i64(static_cast<__int128>(q_rows) + 1)), kI32Max, int32_t{1} << 30});
+  s.mutations.push_back("problem.pooled_q_rows = " + std::to_string(s.pooled_q_rows));
+}
+
 void mutate_api(CaseSpec& s, Rng& rng) {
   if (rng.chance(50)) {
     s.args_null = true;
@@ -434,6 +447,7 @@ const WeightedMutation kMutations[] = {
     {7, mutate_rows},        {6, mutate_heads},           {5, mutate_head_dim},
     {7, mutate_head_stride}, {7, mutate_row_stride},      {10, mutate_data},
     {6, mutate_lse},         {5, mutate_launch},          {1, mutate_api},
+    {3, mutate_pooled},
 };
 
 void mutate(CaseSpec& s, Rng& rng) {
@@ -529,6 +543,15 @@ CaseSpec generate_case(Rng& rng) {
     s.kv_offsets_alias_q = true;
   }
   if (s.direction == Direction::kForward && rng.chance(20)) s.place[kLse] = Placement{Placement::kNull};
+  // Pooled attention (jf_problem.pooled_q_rows): one query set of Lq rows for every sequence; q
+  // and dq [Lq], out and dout [B * Lq], no q_offsets.
+  if (!s.kv_offsets_alias_q && rng.chance(15)) {
+    s.pooled_q_rows = static_cast<int32_t>(rng.range(1, 9));
+    for (int b : {kQ, kDq}) lay_out(s.tensors[b], s.pooled_q_rows, h, d, rng);
+    for (int b : {kOut, kDout}) lay_out(s.tensors[b], int64_t{s.batch_size} * s.pooled_q_rows, h, d, rng);
+    s.q_offsets_place = Placement{Placement::kNull};
+    layout += ", pooled Lq " + std::to_string(s.pooled_q_rows) + " (q_offsets NULL)";
+  }
 
   s.mask = rng.pick({JF_MASK_NONE, JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW});
   if (s.mask == JF_MASK_WINDOW) {
@@ -617,9 +640,11 @@ std::vector<CaseSpec> regression_cases() {
   return cases;
 }
 
+// Both arrays: a pooled call reads kv_offsets alone.
 void break_offsets_for_unbacked_views(CaseSpec& s) {
   s.q_offsets[0] = 1;
-  s.mutations.push_back("problem.q_offsets[0] = 1 (views not backed by memory)");
+  s.kv_offsets[0] = 1;
+  s.mutations.push_back("problem.q_offsets[0] = problem.kv_offsets[0] = 1 (views not backed by memory)");
 }
 
 std::string CaseSpec::describe() const {
@@ -628,8 +653,9 @@ std::string CaseSpec::describe() const {
   if (mutations.empty()) m << " none";
   for (const std::string& x : mutations) m << "\n    " << x;
   m << "\n  final: dtype " << dtype << " device " << device << " mask " << mask << " window (" << window_left
-    << ", " << window_right << ") scale " << scale << " batch_size " << batch_size << "\n    q_offsets "
-    << values_text(q_offsets) << " " << placement_text(q_offsets_place) << "\n    kv_offsets "
+    << ", " << window_right << ") scale " << scale << " batch_size " << batch_size << " pooled_q_rows "
+    << pooled_q_rows << "\n    q_offsets " << values_text(q_offsets) << " " << placement_text(q_offsets_place)
+    << "\n    kv_offsets "
     << (kv_offsets_alias_q ? "= q_offsets"
                            : values_text(kv_offsets) + " " + placement_text(kv_offsets_place));
   for (int b = 0; b < kTensorCount; ++b)
@@ -755,6 +781,7 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   p.window_left = spec.window_left;
   p.window_right = spec.window_right;
   p.scale = spec.scale;
+  p.pooled_q_rows = spec.pooled_q_rows;
   jf_launch l{};
   l.stream = spec.stream_garbage ? stream_block_.data.get() : nullptr;
   set_enum(l.offsets_check, spec.offsets_check);
@@ -858,9 +885,11 @@ void CallMemory::mark_outputs(Direction direction, std::vector<unsigned char>& w
   };
   if (direction == Direction::kForward) {
     mark_view(fwd_.out);
+    // lse [H, rows]: B * Lq rows for a pooled call (as the accepted call's out has).
+    const int64_t rows = p.pooled_q_rows > 0 ? int64_t{p.batch_size} * p.pooled_q_rows : p.q.rows;
     if (fwd_.lse != nullptr)
       mark(reinterpret_cast<const unsigned char*>(fwd_.lse),
-           static_cast<size_t>(p.q.heads) * static_cast<size_t>(p.q.rows) * sizeof(float));
+           static_cast<size_t>(p.q.heads) * static_cast<size_t>(rows) * sizeof(float));
   } else {
     mark_view(bwd_.dq);
     mark_view(bwd_.dk);

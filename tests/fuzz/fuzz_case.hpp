@@ -60,6 +60,7 @@ struct CaseSpec {
   int offsets_check = JF_CHECK_OFFSETS_HOST, backend = JF_BACKEND_AUTO;
   int32_t batch_size = 0, window_left = -1, window_right = -1;
   float scale = 0.0f;
+  int32_t pooled_q_rows = 0;  // jf_problem.pooled_q_rows: Lq > 0 makes a pooled call
   // The offsets arrays as the caller holds them: `values` is what is allocated (its length may
   // differ from batch_size + 1, but is never shorter, which no check could see).
   std::vector<int32_t> q_offsets, kv_offsets;
