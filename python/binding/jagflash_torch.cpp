@@ -137,9 +137,10 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
 // (row_stride, head_stride) as the C API reads them. A stride over a dimension of size 1 is never
 // used to address anything, so it is replaced by the smallest legal one (torch leaves arbitrary
-// values there).
+// values there); an empty tensor (an expanded zero-row gradient has strides 0) gets dense ones.
 std::pair<int64_t, int64_t> strides_of(const Tensor& t) {
   const int64_t rows = t.size(0), heads = t.size(1), head_dim = t.size(2);
+  if (t.numel() == 0) return {heads * head_dim, head_dim};
   const int64_t head_stride = heads > 1 ? t.stride(1) : head_dim;
   const int64_t row_stride = rows > 1 ? t.stride(0) : (heads - 1) * head_stride + head_dim;
   return {row_stride, head_stride};
@@ -381,6 +382,102 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
   return {dq, dk, dv, workspace};
 }
 
+// ---- Pooled attention (jf_problem.pooled_q_rows, issue 17): one query set q [Lq, H, D] shared by
+// every sequence of k, v (kv_offsets [B+1]); out [B*Lq, H, D], lse [H, B*Lq], dq [Lq, H, D].
+
+// check_inputs less q_offsets: python/jagflash/_launch.py's check_pooled_inputs words these.
+void check_pooled_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& kv_offsets) {
+  check_inputs(q, k, v, kv_offsets, kv_offsets);
+  if (q.size(0) < 1) fail_input("pooled q rows");
+}
+
+// The problem of a pooled call: batch size from kv_offsets, no q_offsets, Lq = q's rows.
+jf_problem pooled_problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& kv_offsets,
+                             int64_t mask, int64_t window_left, int64_t window_right, double scale,
+                             const Place& place) {
+  jf_problem p = problem_of(q, k, v, kv_offsets, kv_offsets, mask, window_left, window_right, scale, place);
+  p.q_offsets = nullptr;
+  p.pooled_q_rows = static_cast<int32_t>(q.size(0));
+  return p;
+}
+
+// B * Lq: the rows of out, dout and lse.
+int64_t pooled_rows(const Tensor& q, const Tensor& kv_offsets) {
+  return (kv_offsets.numel() - 1) * q.size(0);
+}
+
+std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int64_t mask,
+                                              int64_t window_left, int64_t window_right, double scale,
+                                              int64_t offsets_check, int64_t max_seqlen) {
+  check_pooled_inputs(q, k, v, kv_offsets);
+  check_offsets_mode(offsets_check);
+  const Place place = place_of(q);
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  guard_device(guard, place);
+  q = prepared(q, place);
+  k = prepared(k, place);
+  v = prepared(v, place);
+  kv_offsets = contiguous_offsets(kv_offsets, place);
+  const int64_t rows = pooled_rows(q, kv_offsets);
+  Tensor out = empty({rows, q.size(1), q.size(2)}, dtype_of(q), place);
+  Tensor lse = empty({q.size(1), rows}, codes().fp32, place);
+  jf_fwd_args args{};
+  args.problem = pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  args.out = describe(out);
+  args.lse = static_cast<float*>(lse.data_ptr());
+  args.launch = launch_of(place, offsets_check, max_seqlen, false);
+  Tensor workspace = run(args, jagflash_fwd_workspace_size, jagflash_fwd, place, JF_DIRECTION_FORWARD);
+  return {out, lse, workspace};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                      Tensor lse, Tensor kv_offsets, int64_t mask,
+                                                      int64_t window_left, int64_t window_right, double scale,
+                                                      int64_t offsets_check, int64_t max_seqlen,
+                                                      bool deterministic) {
+  check_pooled_inputs(q, k, v, kv_offsets);
+  check_offsets_mode(offsets_check);
+  const int64_t rows = pooled_rows(q, kv_offsets);
+  for (const Tensor* t : {&dout, &out}) {
+    if (t->dim() != 3 || t->size(0) != rows || t->size(1) != q.size(1) || t->size(2) != q.size(2) ||
+        dtype_of(*t) != dtype_of(q) || !(place_of(*t) == place_of(q))) {
+      fail_input("pooled dout or out");
+    }
+  }
+  if (lse.dim() != 2 || lse.size(0) != q.size(1) || lse.size(1) != rows || dtype_of(lse) != codes().fp32 ||
+      !(place_of(lse) == place_of(q))) {
+    fail_input("pooled lse");
+  }
+  const Place place = place_of(q);
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  guard_device(guard, place);
+  q = prepared(q, place);
+  k = prepared(k, place);
+  v = prepared(v, place);
+  out = prepared(out, place);
+  dout = prepared(dout, place);
+  if (!lse.is_contiguous()) {
+    Tensor fresh = empty({lse.size(0), lse.size(1)}, codes().fp32, place);
+    torch::stable::copy_(fresh, lse);
+    lse = fresh;
+  }
+  kv_offsets = contiguous_offsets(kv_offsets, place);
+  Tensor dq = empty_like_dense(q, place);
+  Tensor dk = empty_like_dense(k, place);
+  Tensor dv = empty_like_dense(v, place);
+  jf_bwd_args args{};
+  args.problem = pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  args.out = describe(out);
+  args.dout = describe(dout);
+  args.lse = static_cast<const float*>(lse.data_ptr());
+  args.dq = describe(dq);
+  args.dk = describe(dk);
+  args.dv = describe(dv);
+  args.launch = launch_of(place, offsets_check, max_seqlen, deterministic);
+  Tensor workspace = run(args, jagflash_bwd_workspace_size, jagflash_bwd, place, JF_DIRECTION_BACKWARD);
+  return {dq, dk, dv, workspace};
+}
+
 }  // namespace
 }  // namespace torch_binding
 }  // namespace jagflash
@@ -396,16 +493,29 @@ STABLE_TORCH_LIBRARY(jagflash_c, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
       "int max_seqlen, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, D],
+  // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
+  m.def(
+      "pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int mask, int window_left, "
+      "int window_right, float scale, int offsets_check, int max_seqlen) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor kv_offsets, "
+      "int mask, int window_left, int window_right, float scale, int offsets_check, int max_seqlen, "
+      "bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CPU, m) {
   m.impl("fwd", TORCH_BOX(&jagflash::torch_binding::fwd));
   m.impl("bwd", TORCH_BOX(&jagflash::torch_binding::bwd));
+  m.impl("pooled_fwd", TORCH_BOX(&jagflash::torch_binding::pooled_fwd));
+  m.impl("pooled_bwd", TORCH_BOX(&jagflash::torch_binding::pooled_bwd));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CUDA, m) {
   m.impl("fwd", TORCH_BOX(&jagflash::torch_binding::fwd));
   m.impl("bwd", TORCH_BOX(&jagflash::torch_binding::bwd));
+  m.impl("pooled_fwd", TORCH_BOX(&jagflash::torch_binding::pooled_fwd));
+  m.impl("pooled_bwd", TORCH_BOX(&jagflash::torch_binding::pooled_bwd));
 }
 
 // Plain C entry points for the tests (ctypes): the recording above, and whether torch's CUDA

@@ -2,6 +2,7 @@
 
     out = jagflash.jagged_attention(q, k, v, q_offsets, causal=True)   # [total, H, D] + offsets
     out = jagflash.attention(q_nt, k_nt, v_nt)                         # torch.nested, jagged
+    out = jagflash.pooled_attention(q_set, k, v, kv_offsets)           # one query set [Lq, H, D], pooled
 
 CUDA tensors run the GPU path, CPU tensors the C++ float64 reference. The ops are registered as
 torch.ops.jagflash.fwd / .bwd (fake kernels and autograd included), so torch.compile with
@@ -22,7 +23,7 @@ from ._lib import lib as _load_library
 from ._lib import library_path
 from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets, synchronize
 from .compat import flash_attn_varlen_func
-from .functional import attention, jagged_attention
+from .functional import attention, jagged_attention, pooled_attention
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
 
 __version__ = "0.1.0"
@@ -51,6 +52,7 @@ __all__ = [
     "library_path",
     "library_version",
     "ops",
+    "pooled_attention",
     "read_device_error",
     "registry",
     "set_check_offsets",

@@ -73,9 +73,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     return _NAMES.get(served, f"unknown ({served})")
 
 
-# What served each (direction, dtype, head dim, device) so far: the choice depends on nothing else
+# What served each (direction, dtype, head dim, device, pooled) so far: the choice depends on nothing else
 # (launch.backend is always AUTO here), so a call asks the library once per key, not every time.
-_served: Dict[Tuple[int, int, int, int], int] = {}
+_served: Dict[Tuple[int, int, int, int, bool], int] = {}
 _warned = False
 _lock = threading.Lock()
 
@@ -84,6 +84,8 @@ def _warning_text(direction: int, problem: _capi.Problem, device: torch.device) 
     major, minor = torch.cuda.get_device_capability(device)
     dtype = {_capi.BF16: "bf16", _capi.FP16: "fp16", _capi.FP32: "fp32"}.get(problem.dtype, str(problem.dtype))
     what = "backward" if direction == DIRECTION_BACKWARD else "forward"
+    if problem.pooled_q_rows > 0:
+        what = f"pooled-attention {what}"
     return (
         f"jagflash: the slow path (the GPU oracle: fp32 on CUDA cores, correct but one to two orders of "
         f"magnitude slower) serves this {what} ({dtype}, head dim {problem.q.head_dim}) on "
@@ -99,7 +101,7 @@ def note_cuda_call(args: Any, device: torch.device) -> None:
     if _warned:
         return
     direction = DIRECTION_BACKWARD if isinstance(args, _capi.BwdArgs) else DIRECTION_FORWARD
-    key = (direction, args.problem.dtype, args.problem.q.head_dim, device.index or 0)
+    key = (direction, args.problem.dtype, args.problem.q.head_dim, device.index or 0, args.problem.pooled_q_rows > 0)
     served = _served.get(key)
     if served is None:
         served = _served[key] = query(args.problem, args.launch, direction)

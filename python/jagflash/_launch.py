@@ -66,6 +66,47 @@ def check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets):
         )
 
 
+def check_pooled_inputs(q, k, v, kv_offsets):
+    """check_inputs for pooled attention: q [Lq, H, D] with Lq >= 1 (shared by every sequence), k, v
+    [total_kv, H_kv, D], kv_offsets int32 [B+1]; no q_offsets."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise _errors.invalid_argument(name, "a [tokens, heads, head_dim] tensor", f"shape {tuple(t.shape)}")
+    if q.shape[0] < 1:
+        raise _errors.invalid_argument("q", "a query set [Lq, H, D] with Lq >= 1", f"shape {tuple(q.shape)}")
+    if q.dtype not in _DTYPES:
+        raise _errors.invalid_argument("q.dtype", "torch.bfloat16, torch.float16 or torch.float32", q.dtype)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise _errors.invalid_argument(f"{name}.dtype", f"{q.dtype} (q's dtype)", t.dtype)
+    for name, t in (("k", k), ("v", v), ("kv_offsets", kv_offsets)):
+        if t.device != q.device:
+            raise _errors.invalid_argument(f"{name}.device", f"{q.device} (q's device)", t.device)
+    if q.device.type not in ("cpu", "cuda"):
+        raise _errors.invalid_argument("q.device", "a CPU or CUDA tensor", q.device)
+    if kv_offsets.dim() != 1 or kv_offsets.numel() < 1 or kv_offsets.dtype != torch.int32:
+        raise _errors.invalid_argument(
+            "kv_offsets", "an int32 vector of B+1 >= 1 offsets", f"{kv_offsets.dtype} of shape {tuple(kv_offsets.shape)}"
+        )
+
+
+def check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets):
+    """check_pooled_inputs, and dout / out [B*Lq, H, D] like q, lse float32 [H, B*Lq]."""
+    check_pooled_inputs(q, k, v, kv_offsets)
+    rows = (kv_offsets.numel() - 1) * q.shape[0]
+    shape = (rows, q.shape[1], q.shape[2])
+    for name, t in (("dout", dout), ("out", out)):
+        if t.shape != shape or t.dtype != q.dtype or t.device != q.device:
+            raise _errors.invalid_argument(
+                name, f"{q.dtype} [B*Lq, H, D] = {list(shape)} on {q.device}", f"{t.dtype} {list(t.shape)} on {t.device}"
+            )
+    if lse.shape != (q.shape[1], rows) or lse.dtype != torch.float32 or lse.device != q.device:
+        raise _errors.invalid_argument(
+            "lse", f"float32 [H, B*Lq] = {[q.shape[1], rows]} on {q.device}",
+            f"{lse.dtype} {list(lse.shape)} on {lse.device}",
+        )
+
+
 # "[jagflash status N] message": how the binding reports a failed call (a RuntimeError to Python).
 _BINDING_ERROR = re.compile(r"\[jagflash status (\d+)\] (.*)", re.S)
 _INPUT_CHECK = "input check: "
@@ -97,23 +138,33 @@ def _ops():
     return _fwd_op, _bwd_op
 
 
+def _pooled_ops():
+    """The binding's pooled ops (torch.ops.jagflash_c.pooled_fwd / .pooled_bwd)."""
+    _lib.binding()
+    return torch.ops.jagflash_c.pooled_fwd.default, torch.ops.jagflash_c.pooled_bwd.default
+
+
 # (direction, dtype, head dim, device index) already shown to _backend.note_cuda_call: which path
 # serves a call depends on nothing else, so the warning is decided once per key.
 _noted = set()
 
 
-def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device):
-    """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend)."""
+def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=False):
+    """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend). pooled:
+    q is a pooled query set (kv_offsets alone give the batch; q_offsets is kv_offsets)."""
     if _backend._warned:
         return
-    key = (direction, q.dtype, q.shape[2], device.index)
+    key = (direction, q.dtype, q.shape[2], device.index, pooled)
     if key in _noted:
         return
     _noted.add(key)
     q, k, v = _prepared(q), _prepared(k), _prepared(v)
     args_type = _capi.BwdArgs if direction == _backend.DIRECTION_BACKWARD else _capi.FwdArgs
-    args = args_type(problem=_problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0),
-                     launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
+    problem = _problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
+    if pooled:
+        problem.q_offsets = None
+        problem.pooled_q_rows = q.shape[0]
+    args = args_type(problem=problem, launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
     with _device_guard(device):
         _backend.note_cuda_call(args, device)
 
@@ -160,6 +211,8 @@ def _strides(t):
     never used to address anything, so it is replaced by the smallest legal one (torch leaves
     arbitrary values there)."""
     rows, heads, head_dim = t.shape
+    if t.numel() == 0:  # nothing addressed: dense strides (an expanded empty tensor has 0)
+        return heads * head_dim, head_dim
     head_stride = t.stride(1) if heads > 1 else head_dim
     row_stride = t.stride(0) if rows > 1 else (heads - 1) * head_stride + head_dim
     return row_stride, head_stride
@@ -214,3 +267,38 @@ def _problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sc
 def _device_guard(device):
     """The C library works on the current CUDA device: make it the tensors' one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
+    """Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by the B sequences of
+    kv_offsets; out [B*Lq, H, D] (q's dtype), lse [H, B*Lq] (float32)."""
+    fwd_op = _pooled_ops()[0]
+    device = q.device
+    try:
+        out, lse, workspace = fwd_op(q, k, v, kv_offsets, mask, window_left, window_right, scale,
+                                     _offsets_check.launch_value(check_mode, device), max_seqlen)
+    except RuntimeError as error:
+        raise _translated(error, lambda: check_pooled_inputs(q, k, v, kv_offsets)) from None
+    _offsets_check.remember("forward", check_mode, workspace)
+    if device.type == "cuda":
+        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)
+    return out, lse
+
+
+def pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_mode,
+                    max_seqlen=0, deterministic=False):
+    """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype."""
+    bwd_op = _pooled_ops()[1]
+    device = q.device
+    try:
+        dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
+                                       _offsets_check.launch_value(check_mode, device), max_seqlen,
+                                       bool(deterministic))
+    except RuntimeError as error:
+        raise _translated(
+            error, lambda: check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets)
+        ) from None
+    _offsets_check.remember("backward", check_mode, workspace)
+    if device.type == "cuda":
+        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)
+    return dq, dk, dv

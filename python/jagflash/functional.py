@@ -283,3 +283,57 @@ def attention(
             raise
         raise cause from error
     return torch.nested.nested_tensor_from_jagged(out, _offsets_of(q))
+
+
+def pooled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_offsets: Optional[Tensor] = None,
+    *,
+    window: Tuple[int, int] = (-1, -1),
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+    check_offsets: Optional[CheckOffsets] = None,
+    deterministic: Optional[bool] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Pooled attention (Pooling by Multihead Attention): one query set attends over every sequence
+    of a jagged batch; differentiable in q, k and v.
+
+    q: [Lq, H, D], shared by all B sequences (no need to repeat it B times); k, v: [total_kv, H_kv,
+    D] with H % H_kv == 0 (GQA/MQA) and kv_offsets int32 or int64 [B+1] on their device, or k and v
+    as torch.nested jagged tensors (B, j, H_kv, D) with kv_offsets None (their offsets are used).
+    Returns out [B*Lq, H, D], sequence b's rows at b*Lq ([B, Lq, H, D] for nested k, v), and with
+    return_lse also lse [H, B*Lq] float32 (natural log; not differentiable). A sequence of length 0
+    gives out = 0, lse = -inf and no gradient. The gradient of q is the sum over the sequences.
+    window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
+    jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D).
+    check_offsets and deterministic as in jagged_attention. CUDA tensors run the GPU path (in this
+    build the GPU oracle), CPU tensors the C++ float64 reference.
+    """
+    nested = isinstance(k, torch.Tensor) and k.is_nested
+    if nested:
+        if kv_offsets is not None:
+            raise invalid_argument("kv_offsets", "None when k and v are nested tensors (their offsets are used)",
+                                   type(kv_offsets).__name__)
+        k_values, v_values = _jagged_values("k", k), _jagged_values("v", v)
+        kv_offsets_i32 = _offsets("kv_offsets", _kv_offsets(k, v))
+    else:
+        if kv_offsets is None:
+            raise invalid_argument("kv_offsets", "an int32 or int64 tensor of B+1 offsets (or k, v as nested tensors)",
+                                   "None")
+        k_values, v_values = k, v
+        kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
+    mask, window_left, window_right = mask_args(False, window)
+    try:
+        out, lse = ops.pooled_fwd(q, k_values, v_values, kv_offsets_i32, mask, window_left, window_right,
+                                  _scale(scale), _offsets_check.resolve(check_offsets), 0,
+                                  _deterministic(deterministic))
+    except InvalidArgumentError as error:
+        cause = _v_offsets_differ(k, v) if nested else _out_of_int32((("kv_offsets", kv_offsets),))
+        if cause is None:
+            raise
+        raise cause from error
+    if nested:
+        out = out.unflatten(0, (k.size(0), q.shape[0]))
+    return (out, lse) if return_lse else out

@@ -1,4 +1,4 @@
-"""The PyTorch custom ops torch.ops.jagflash.fwd / .bwd: real kernels (the C library), fake
+"""The PyTorch custom ops torch.ops.jagflash.fwd / .bwd (and .pooled_fwd / .pooled_bwd): real kernels (the C library), fake
 kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
@@ -131,6 +131,84 @@ def _backward(ctx, dout, _dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by every sequence of k, v.
+@torch.library.custom_op("jagflash::pooled_fwd", mutates_args=())
+def pooled_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_offsets: Tensor,
+    mask: int,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    check_offsets: str,
+    max_seqlen: int = 0,
+    deterministic: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """out [B*Lq, H, D] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
+    length - 1. deterministic: for the backward, as in fwd."""
+    return _launch.pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+                                  max_seqlen)
+
+
+@pooled_fwd.register_fake
+def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
+                     deterministic=False):
+    _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    lq, heads, head_dim = q.shape
+    rows = (kv_offsets.shape[0] - 1) * lq
+    return q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32)
+
+
+@torch.library.custom_op("jagflash::pooled_bwd", mutates_args=())
+def pooled_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    kv_offsets: Tensor,
+    mask: int,
+    window_left: int,
+    window_right: int,
+    scale: float,
+    check_offsets: str,
+    max_seqlen: int = 0,
+    deterministic: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq [Lq, H, D] (the sum of every sequence's contribution), dk, dv per sequence."""
+    return _launch.pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
+                                   check_offsets, max_seqlen, deterministic)
+
+
+@pooled_bwd.register_fake
+def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
+                     max_seqlen=0, deterministic=False):
+    _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _pooled_setup_context(ctx, inputs, output):
+    q, k, v, kv_offsets, *scalars = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, kv_offsets, out, lse)
+    ctx.scalars = scalars
+    ctx.mark_non_differentiable(lse)
+
+
+def _pooled_backward(ctx, dout, _dlse):
+    q, k, v, kv_offsets, out, lse = ctx.saved_tensors
+    with torch.no_grad():
+        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars)
+    dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
