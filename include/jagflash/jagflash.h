@@ -79,7 +79,7 @@ typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVI
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
  * kernel where it serves the call (compute capability 9.0, bf16/fp16; forward: head dim
- * 64/128/256, backward: head dim 64/128; not pooled problems in this build), else the oracle.
+ * 64/128/256, backward: head dim 64/128; pooled problems too), else the oracle.
  * jagflash_query_backend says which one a call runs. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
@@ -121,8 +121,9 @@ typedef struct jf_problem {
    * len_q = Lq and len_kv = the sequence's length (bottom-right aligned): none and a key-side
    * window (JF_MASK_WINDOW) are what pooling uses; causal is served too. A sequence of length 0
    * gets out = 0, lse = -inf and contributes no gradient. B*Lq must fit in int32 (2^31-1).
-   * In this build pooled calls run on the CPU reference and the GPU oracle; JF_BACKEND_HOPPER
-   * refuses them (JF_ERR_UNSUPPORTED). */
+   * The Hopper kernels serve pooled calls as they serve the others (each sequence's query block
+   * loaded from q's first row, so a sequence still fills its own tiles: Lq = 16 uses 16 of a
+   * 64/128-row tile); the workspace then also holds the offsets b * Lq. */
   int32_t pooled_q_rows;
 } jf_problem;
 
@@ -196,11 +197,10 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  *   JF_BACKEND_HOPPER     fast path: compute capability 9.0 (H100, H200, GH200), bf16/fp16,
  *                         head dim 64/128/256 (backward: 64/128), in a build with sm_90a.
  *   JF_BACKEND_ORACLE     slow path (fp32 on CUDA cores, correct, one to two orders of magnitude
- *                         slower): every other call on the GPU, pooled attention
- *                         (problem.pooled_q_rows > 0) included in this build. On compute
- *                         capability 9.0 it runs from SASS; on any other GPU of compute
- *                         capability 8.0 or newer (A100, L40, B200, ...) from compute_80 PTX the
- *                         driver compiles on first use.
+ *                         slower): every other call on the GPU. On compute capability 9.0 it
+ *                         runs from SASS; on any other GPU of compute capability 8.0 or newer
+ *                         (A100, L40, B200, ...) from compute_80 PTX the driver compiles on
+ *                         first use.
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
  * them: JF_ERR_UNSUPPORTED for a dtype/head dim this build does not instantiate, for

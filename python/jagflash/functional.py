@@ -308,8 +308,9 @@ def pooled_attention(
     gives out = 0, lse = -inf and no gradient. The gradient of q is the sum over the sequences.
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
     jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D).
-    check_offsets and deterministic as in jagged_attention. CUDA tensors run the GPU path (in this
-    build the GPU oracle), CPU tensors the C++ float64 reference.
+    check_offsets and deterministic as in jagged_attention. CUDA tensors run the GPU path (the
+    Hopper kernels where they serve the call, as jagged_attention's), CPU tensors the C++ float64
+    reference.
     """
     nested = isinstance(k, torch.Tensor) and k.is_nested
     if nested:

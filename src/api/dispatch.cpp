@@ -5,6 +5,7 @@
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
 #include "core/dtype.hpp"
+#include "core/pooled.hpp"
 #include "kernels/fwd/variants.hpp"
 #include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"
@@ -90,11 +91,39 @@ const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
   return hopper_forward_for(a.problem, a.launch);
 }
 
+// A pooled problem as the Hopper kernels take it: the output rows as the query side (q.rows =
+// B * Lq, q_offsets = `pooled_offsets`, b * Lq, which run_forward/run_backward write into the
+// workspace; null for the size queries), with pooled_q_rows (= Lq, the rows q itself holds) kept
+// for the launchers, which load every sequence's queries from q's first row. Any other problem
+// as it is.
+jf_problem hopper_view(const jf_problem& p, const int32_t* pooled_offsets = nullptr) {
+  if (!is_pooled(p)) return p;
+  jf_problem v = p;
+  v.q.rows = output_rows(p);
+  v.q_offsets = pooled_offsets;
+  return v;
+}
+template <class Args>
+Args hopper_view(const Args& a, const int32_t* pooled_offsets = nullptr) {
+  Args v = a;
+  v.problem = hopper_view(a.problem, pooled_offsets);
+  return v;
+}
+
+// The forward's workspace before its plan: the flag, the plan key and, pooled, the output rows'
+// offsets.
+WorkspaceLayout hopper_forward_layout(const jf_fwd_args& a) {
+  const WorkspaceLayout w = WorkspaceLayout::forward_gpu();
+  return is_pooled(a.problem) ? WorkspaceLayout::with_pooled_offsets(w, a.problem.batch_size) : w;
+}
+
 // The plan is built for the tile shape of the variant the launcher will choose for this call.
 schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
-  const kernels::fwd::ForwardVariant v = kernels::fwd::choose_forward_variant(a);
-  return schedule::DevicePlanLayout::make(WorkspaceLayout::forward_gpu().total_bytes, a.problem.batch_size,
-                                          a.problem.q.rows, a.problem.k.rows, v.block_m(), v.block_n);
+  const jf_fwd_args v = hopper_view(a);
+  const kernels::fwd::ForwardVariant variant = kernels::fwd::choose_forward_variant(v);
+  return schedule::DevicePlanLayout::make(hopper_forward_layout(a).total_bytes, v.problem.batch_size,
+                                          v.problem.q.rows, v.problem.k.rows, variant.block_m(),
+                                          variant.block_n);
 }
 
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
@@ -124,7 +153,7 @@ int32_t current_sm_count() {
 // How many tiles a query-head group is split over: from the shapes and the GPU alone, so the
 // workspace size and the call agree.
 int32_t backward_group_splits(const jf_bwd_args& a) {
-  const jf_problem& p = a.problem;
+  const jf_problem p = hopper_view(a.problem);
   const int32_t group = p.k.heads > 0 ? p.q.heads / p.k.heads : 1;
   if (group <= 1) return 1;
   const int64_t max_pairs =
@@ -136,15 +165,17 @@ int32_t backward_group_splits(const jf_bwd_args& a) {
 }
 
 WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
-  return WorkspaceLayout::backward_hopper(a.problem.q.heads, a.problem.q.rows, a.problem.q.head_dim,
-                                          a.problem.k.heads, a.problem.k.rows, backward_group_splits(a));
+  const jf_problem& p = a.problem;
+  const WorkspaceLayout w = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), p.q.head_dim,
+                                                             p.k.heads, p.k.rows, backward_group_splits(a));
+  return is_pooled(p) ? WorkspaceLayout::with_pooled_offsets(w, p.batch_size) : w;
 }
 
 // The backward's plan: (sequence, KV block) pairs, built by the forward's plan builder with the
 // two sides swapped.
 schedule::DevicePlanLayout hopper_backward_plan_layout(const jf_bwd_args& a) {
   return schedule::DevicePlanLayout::make(hopper_backward_layout(a).total_bytes, a.problem.batch_size,
-                                          a.problem.k.rows, a.problem.q.rows, kernels::kBackwardBlockN,
+                                          a.problem.k.rows, output_rows(a.problem), kernels::kBackwardBlockN,
                                           kernels::kBackwardBlockM);
 }
 
@@ -170,7 +201,7 @@ size_t backward_workspace_size(const jf_bwd_args& a) {
   validate_backward_shapes(a);
   if (a.problem.device != JF_DEVICE_CUDA) return 0;
   if (hopper_backward_for(a) != nullptr) return hopper_backward_plan_layout(a).total_bytes;
-  return WorkspaceLayout::backward_gpu(a.problem.q.heads, a.problem.q.rows).total_bytes;
+  return WorkspaceLayout::backward_gpu(a.problem.q.heads, output_rows(a.problem)).total_bytes;
 }
 
 void run_forward(const jf_fwd_args& a) {
@@ -192,7 +223,13 @@ void run_forward(const jf_fwd_args& a) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
     const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
                                               /*build_plan=*/a.launch.reuse_plan == 0};
-    JF_CUDA_CHECK(hopper->run(a, launch, stream));
+    int32_t* pooled_offsets = nullptr;
+    if (is_pooled(p)) {
+      pooled_offsets =
+          reinterpret_cast<int32_t*>(workspace_at(a.launch, hopper_forward_layout(a).pooled_offsets_offset));
+      JF_CUDA_CHECK(schedule::fill_uniform_offsets(pooled_offsets, p.batch_size, p.pooled_q_rows, stream));
+    }
+    JF_CUDA_CHECK(hopper->run(hopper_view(a, pooled_offsets), launch, stream));
     return;
   }
   JF_CUDA_CHECK(entry->forward(a, oracle::Workspace{flag, nullptr}, stream));
@@ -208,7 +245,7 @@ void run_backward(const jf_bwd_args& a) {
   const kernels::HopperBackwardEntry* hopper = hopper_backward_for(a);
   const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
   const WorkspaceLayout layout =
-      hopper ? hopper_backward_layout(a) : WorkspaceLayout::backward_gpu(p.q.heads, p.q.rows);
+      hopper ? hopper_backward_layout(a) : WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
@@ -237,7 +274,12 @@ void run_backward(const jf_bwd_args& a) {
     launch.dv_partial = launch.group_splits > 1
                             ? reinterpret_cast<float*>(workspace_at(a.launch, layout.dv_partial_offset))
                             : nullptr;
-    JF_CUDA_CHECK(hopper->run(a, launch, stream));
+    int32_t* pooled_offsets = nullptr;
+    if (is_pooled(p)) {
+      pooled_offsets = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.pooled_offsets_offset));
+      JF_CUDA_CHECK(schedule::fill_uniform_offsets(pooled_offsets, p.batch_size, p.pooled_q_rows, stream));
+    }
+    JF_CUDA_CHECK(hopper->run(hopper_view(a, pooled_offsets), launch, stream));
     return;
   }
   JF_CUDA_CHECK(entry->backward(a, oracle::Workspace{flag, delta}, stream));

@@ -22,7 +22,8 @@ struct WorkspaceLayout {
   // schedule::PlanKey of the forward's device plan, forward only: before the plan, whose layout
   // depends on the variant, so a call under another variant still finds it.
   size_t plan_key_offset = 0;
-  // float [H, total_q]: delta = rowsum(dO * O), backward only.
+  // float [H, total_q]: delta = rowsum(dO * O), backward only (total_q: the rows of out, B * Lq
+  // for pooled attention).
   size_t delta_offset = 0;
   size_t total_bytes = 0;
 
@@ -45,6 +46,15 @@ struct WorkspaceLayout {
   int64_t dq_rows = 0;
   size_t dk_partial_offset = 0;
   size_t dv_partial_offset = 0;
+  // Pooled attention on the Hopper kernels: the output rows' offsets b * Lq, int32 [B+1], which
+  // the plan and the kernels read as q_offsets; appended to a layout by with_pooled_offsets.
+  size_t pooled_offsets_offset = 0;
+
+  static WorkspaceLayout with_pooled_offsets(WorkspaceLayout w, int32_t batch_size) {
+    w.pooled_offsets_offset = w.total_bytes;
+    w.total_bytes += align_up((static_cast<size_t>(batch_size) + 1) * sizeof(int32_t));
+    return w;
+  }
 
   static WorkspaceLayout backward_hopper(int64_t num_heads, int64_t total_q, int64_t head_dim,
                                          int64_t heads_kv = 0, int64_t total_kv = 0,

@@ -165,6 +165,12 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
 }
 
+__global__ void fill_uniform_offsets_kernel(int32_t* offsets, int32_t batch_size, int32_t rows) {
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b <= batch_size;
+       b += int64_t(gridDim.x) * blockDim.x)
+    offsets[b] = static_cast<int32_t>(b * rows);
+}
+
 // Benchmark and test knob, read at every build: JAGFLASH_PLAN_BUILDER = small | large overrides
 // kAuto (small where the plan fits).
 PlanBuilder builder_knob(PlanBuilder requested) {
@@ -263,6 +269,14 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
       at<int32_t>(workspace, l.vals_out), static_cast<int>(l.max_pairs), 0, l.sort_end_bit, stream);
   if (err != cudaSuccess) return err;
   return reset_tile_counter(workspace, l, stream);
+}
+
+cudaError_t fill_uniform_offsets(int32_t* offsets, int32_t batch_size, int32_t rows_per_sequence,
+                                 cudaStream_t stream) {
+  const int64_t n = int64_t(batch_size) + 1;
+  const int blocks = static_cast<int>((n + 255) / 256 > 1024 ? 1024 : (n + 255) / 256);
+  fill_uniform_offsets_kernel<<<blocks, 256, 0, stream>>>(offsets, batch_size, rows_per_sequence);
+  return cudaGetLastError();
 }
 
 cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& l, cudaStream_t stream) {

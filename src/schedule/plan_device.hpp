@@ -62,6 +62,11 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
                                cudaStream_t stream, bool first_block_first = false,
                                PlanBuilder builder = PlanBuilder::kAuto);
 
+// offsets[b] = b * rows_per_sequence for b <= batch_size: pooled attention's output rows (every
+// sequence has the shared query set's rows), read by the plan and the kernels as q_offsets.
+cudaError_t fill_uniform_offsets(int32_t* offsets, int32_t batch_size, int32_t rows_per_sequence,
+                                 cudaStream_t stream);
+
 // Resets the tile counter: each launch of the persistent kernel starts from the first tile.
 cudaError_t reset_tile_counter(void* workspace, const DevicePlanLayout& layout, cudaStream_t stream);
 

@@ -40,4 +40,7 @@ namespace jagflash::schedule {
 DevicePlanLayout DevicePlanLayout::make(size_t, int32_t, int64_t, int64_t, int, int) {
   gpu_path_reached("DevicePlanLayout::make");
 }
+cudaError_t fill_uniform_offsets(int32_t*, int32_t, int32_t, cudaStream_t) {
+  gpu_path_reached("schedule::fill_uniform_offsets");
+}
 }  // namespace jagflash::schedule

@@ -89,8 +89,13 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     if (err != cudaSuccess) return err;
 
     Params<Traits> p{};
-    p.tma_q =
-        make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.q, pb.k), typename Traits::SmemLayoutQStage{});
+    // Pooled: the problem counts the output rows (q.rows = B * Lq, q_offsets b * Lq); the tensor q
+    // itself holds Lq rows, which bound its loads.
+    jf_tensor q_rows = pb.q;
+    if (pb.pooled_q_rows > 0) q_rows.rows = pb.pooled_q_rows;
+    p.q_shared = pb.pooled_q_rows > 0;
+    p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(q_rows, pb.k),
+                            typename Traits::SmemLayoutQStage{});
     p.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(a.dout, pb.k),
                              typename Traits::SmemLayoutQStage{});
     p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.k), typename Traits::SmemLayoutK{});
@@ -138,8 +143,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
 
     constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
     static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
-    err = cudaFuncSetAttribute(backward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmemBytes);
+    err = common::allow_dynamic_smem<backward_kernel<Config>>(kSmemBytes);
     if (err != cudaSuccess) return err;
     const int64_t max_tiles = launch.plan.max_pairs * pb.k.heads * launch.group_splits;
     const int64_t grid =
@@ -175,12 +179,16 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.dq = a.dq.data;
     pp.dq_row_stride = a.dq.row_stride;
     pp.dq_head_stride = a.dq.head_stride;
-    pp.total_q = pb.q.rows;
+    // Pooled: dq [Lq] is the sum of the B sequences' accumulator rows b * Lq + i.
+    const bool pooled = pb.pooled_q_rows > 0;
+    pp.total_q = pooled ? pb.pooled_q_rows : pb.q.rows;
+    pp.sum_count = pooled ? pb.batch_size : 1;
+    pp.sum_stride = pooled ? pb.pooled_q_rows : 0;
     pp.num_heads = heads;
     pp.scale = scale;
     pp.error_flag = launch.error_flag;
     using Shape = PreprocessShape<kHeadDim>;
-    postprocess_kernel<Element, kHeadDim><<<Shape::grid(pb.q.rows, heads), Shape::kThreads, 0, stream>>>(pp);
+    postprocess_kernel<Element, kHeadDim><<<Shape::grid(pp.total_q, heads), Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -171,6 +171,9 @@ struct Params {
   int32_t num_heads;
   int32_t num_heads_kv;
   int32_t group;
+  // Pooled attention: Q is one shared [Lq, H, D] set loaded from row 0 for every sequence; dO, O,
+  // the stats and the dQ accumulator count the output rows (q_offsets b * Lq).
+  int32_t q_shared;
   // A group split over group_splits tiles (few tiles for the SMs: MQA/GQA on a few long
   // sequences): each tile writes its dK (times the scale) and dV in fp32 to its split's slot of
   // dk_partial / dv_partial [group_splits][total_kv][heads_kv][D], summed by the dK/dV

@@ -102,9 +102,11 @@ struct Loader {
       };
 
       // Rows are addressed from the sequence's first token: a Q block past the sequence's end
-      // reads the next sequence's rows (masked by the consumers) or zeros past the tensor.
+      // reads the next sequence's rows (masked by the consumers) or zeros past the tensor. A
+      // shared (pooled) query set is every sequence's, from its first row.
+      const int32_t q_load_start = p.q_shared ? 0 : t.q_start;
       for (int32_t h = t.head_lo; h < t.head_end; ++h) {
-        Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, h)),
+        Tensor gQ = local_tile(domain_offset(make_coord(q_load_start, _0{}), mQ(_, _, h)),
                                Shape<BlockM, HeadDim>{}, make_coord(_, _0{}));
         Tensor gDo = local_tile(domain_offset(make_coord(t.q_start, _0{}), mDo(_, _, h)),
                                 Shape<BlockM, HeadDim>{}, make_coord(_, _0{}));

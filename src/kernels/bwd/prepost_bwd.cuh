@@ -3,7 +3,7 @@
 //    no key, so every probability of it is exp2(-inf) = 0), into the workspace's [H][q_stride]
 //    arrays that the main kernel loads by TMA; the rows past total_q are set likewise.
 //  postprocess: dQ = scale x the fp32 accumulator, converted to the input dtype, in the caller's
-//    layout.
+//    layout (pooled attention: the sum of the sequences' rows of each shared query row).
 //  dK/dV postprocess (split groups only): dK, dV = the sum of the splits' fp32 partials, in split
 //    order (so bitwise repeatable), converted into the caller's layout.
 #pragma once
@@ -91,7 +91,11 @@ struct PostprocessParams {
   int64_t dq_rows;
   void* dq;
   int64_t dq_row_stride, dq_head_stride;
-  int64_t total_q;
+  int64_t total_q;  // rows of dq
+  // dq row i = scale x the sum over s < sum_count of accumulator row i + s x sum_stride: 1 and 0,
+  // or for pooled attention B and Lq (the sequences' rows of one shared query), summed in order.
+  int32_t sum_count;
+  int64_t sum_stride;
   int32_t num_heads;
   float scale;
   const int32_t* error_flag;
@@ -110,9 +114,15 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
     const int64_t row = Shape::thread_row(cta, p.num_heads);
     if (row >= p.total_q) continue;
-    const float4* src =
-        reinterpret_cast<const float4*>(p.dq_accum + (int64_t(h) * p.dq_rows + row) * kHeadDim + chunk * 8);
-    const float4 a = src[0], b = src[1];
+    const float* head_rows = p.dq_accum + int64_t(h) * p.dq_rows * kHeadDim + chunk * 8;
+    const float4* src = reinterpret_cast<const float4*>(head_rows + row * kHeadDim);
+    float4 a = src[0], b = src[1];
+    for (int32_t s = 1; s < p.sum_count; ++s) {
+      const float4* more = reinterpret_cast<const float4*>(head_rows + (row + s * p.sum_stride) * kHeadDim);
+      const float4 x = more[0], y = more[1];
+      a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+      b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
+    }
     uint4 packed;
     packed.x = common::pack2(Element{}, a.x * p.scale, a.y * p.scale);
     packed.y = common::pack2(Element{}, a.z * p.scale, a.w * p.scale);

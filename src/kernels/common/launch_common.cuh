@@ -8,11 +8,28 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace jagflash::kernels::common {
 
 using namespace cute;
+
+// cudaFuncSetAttribute(kKernel, MaxDynamicSharedMemorySize, bytes) once per device: the attribute
+// stays set on the device's function, and set at every call it cost a driver call each (issue 18:
+// the host time of small calls). Devices past ordinal 63 get it every call.
+template <auto kKernel>
+cudaError_t allow_dynamic_smem(size_t bytes) {
+  static std::atomic<uint64_t> set_on{0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (set_on.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) set_on.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
 
 inline int sm_count() {
   int device = 0, count = 0;

@@ -32,7 +32,12 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   if (err != cudaSuccess) return err;
 
   Params<Traits> p{};
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.q, pb.q), typename Traits::SmemLayoutQ{});
+  // Pooled: the problem the dispatcher hands over counts the output rows (q.rows = B * Lq, q_offsets
+  // b * Lq); the tensor q itself holds Lq rows, which bound its loads.
+  jf_tensor q_rows = pb.q;
+  if (pb.pooled_q_rows > 0) q_rows.rows = pb.pooled_q_rows;
+  p.q_shared = pb.pooled_q_rows > 0;
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(q_rows, pb.q), typename Traits::SmemLayoutQ{});
   p.tma_k =
       make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.k, pb.q), typename Traits::SmemLayoutKVStage{});
   p.tma_v =
@@ -64,7 +69,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
 
   constexpr size_t kSmemBytes = Config::kPairs * sizeof(SharedStorage<Traits>);
   static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
-  err = cudaFuncSetAttribute(forward_kernel<Config>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  err = common::allow_dynamic_smem<forward_kernel<Config>>(kSmemBytes);
   if (err != cudaSuccess) return err;
   // Persistent: one CTA per SM, fewer when the batch has fewer tiles (an upper bound on the
   // host, which never reads the plan). The plain grid launches a CTA per possible tile (per

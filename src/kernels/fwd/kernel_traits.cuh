@@ -146,6 +146,9 @@ struct Params {
   int32_t num_heads;
   int32_t num_heads_kv;
   int32_t group;  // query heads per kv head
+  // Pooled attention (jf_problem.pooled_q_rows): every sequence's queries are the rows of one
+  // shared q [Lq, H, D], loaded from row 0; q_offsets are then b * Lq, the output rows.
+  int32_t q_shared;
   typename Traits::Element* out;
   int64_t out_row_stride;
   int64_t out_head_stride;

@@ -67,8 +67,10 @@ struct Producer {
       const TileInfo t = smem.tile[slot];
 
       // Rows are addressed from the sequence's first token: loads past its end read the next
-      // sequence (masked by the consumers, never stored) or are zero-filled past the tensor.
-      Tensor gQ = local_tile(domain_offset(make_coord(t.q_start, _0{}), mQ(_, _, t.head)),
+      // sequence (masked by the consumers, never stored) or are zero-filled past the tensor. A
+      // shared (pooled) query set is every sequence's, from its first row.
+      const int32_t q_load_start = p.q_shared ? 0 : t.q_start;
+      Tensor gQ = local_tile(domain_offset(make_coord(q_load_start, _0{}), mQ(_, _, t.head)),
                              Shape<BlockM, HeadDim>{}, make_coord(t.m_block, _0{}));
       auto [tQg, tQs] =
           tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
