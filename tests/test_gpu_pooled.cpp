@@ -322,7 +322,8 @@ TEST(GpuPooled, EmptyBatchAndAllEmptySequences) {
   }
 }
 
-// A small case for compute-sanitizer (memcheck, racecheck): scripts/gpu-check.sh SANITIZE=1 or
+// A small case for compute-sanitizer (memcheck, racecheck), on the oracle and (where it serves
+// pooled calls) the Hopper kernels: scripts/gpu-check.sh SANITIZE=1 or
 //   compute-sanitizer --tool memcheck build/tests/jagflash_gpu_tests --gtest_filter=GpuPooled.Small*
 TEST(GpuPooled, SmallCaseForSanitizers) {
   PooledSpec s;
@@ -332,7 +333,10 @@ TEST(GpuPooled, SmallCaseForSanitizers) {
   s.heads_kv = 1;
   s.head_dim = 64;
   s.seed = 1950;
-  run_and_check(s);
+  for (jf_backend backend : {JF_BACKEND_ORACLE, JF_BACKEND_HOPPER}) {
+    PooledRun probe(s);
+    if (serves(probe, backend)) run_and_check(s, backend);
+  }
 }
 
 // dk and dv are bitwise repeatable in both launch.deterministic modes, and so is dq in deterministic

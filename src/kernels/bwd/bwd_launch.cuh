@@ -27,6 +27,19 @@ inline Schedule schedule_knob() {
 using common::gmem_tensor;
 using common::sm_count;
 
+// A 1D tensor map over `count` fp32 values from `base`, box `box`: the stats' TMA loads.
+inline cudaError_t stats_tensor_map(CUtensorMap* map, const float* base, uint64_t count, uint32_t box) {
+  const cuuint64_t dims[1] = {count};
+  const cuuint64_t strides[1] = {count * sizeof(float)};  // rank 1: none is read
+  const cuuint32_t box_dims[1] = {box};
+  const cuuint32_t element_strides[1] = {1};
+  const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, const_cast<float*>(base), dims, strides, box_dims,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <class Element, int kHeadDim>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
   using Config = TileConfig<Element, kHeadDim>;
@@ -102,6 +115,10 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(pb.v, pb.k), typename Traits::SmemLayoutK{});
     p.lse_log2 = launch.lse_log2;
     p.delta = launch.delta;
+    const uint64_t stat_count = static_cast<uint64_t>(heads) * launch.q_stride;
+    if ((err = stats_tensor_map(&p.lse_map, launch.lse_log2, stat_count, Traits::kStatRows)) != cudaSuccess ||
+        (err = stats_tensor_map(&p.delta_map, launch.delta, stat_count, Traits::kStatRows)) != cudaSuccess)
+      return err;
     p.q_stride = launch.q_stride;
     p.total_q = static_cast<int32_t>(pb.q.rows > 0 ? pb.q.rows : pb.k.rows);  // the TMA's row count
     p.total_kv = static_cast<int32_t>(pb.k.rows);

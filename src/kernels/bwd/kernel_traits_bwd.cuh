@@ -11,6 +11,7 @@
 #include "kernels/common/schedule.hpp"
 #include "schedule/plan.hpp"
 
+#include <cuda.h>
 #include <cutlass/numeric_types.h>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -94,9 +95,13 @@ struct KernelTraits {
       SmemLayoutDqStage{}));
 
   // lse (log2 units) and delta of a Q block: [heads][q_stride] fp32 in the workspace, brought by
-  // a plain bulk copy (no tensor map) of kStatRows rows from the 16-byte aligned row at or before
-  // the block's first row: the consumers read from (first row % 4) on.
+  // a 1D TMA load (tensor map over the whole array, box kStatRows) of kStatRows rows from the
+  // 16-byte aligned row at or before the block's first row: the consumers read from (first row %
+  // 4) on. A stage takes kStatStride floats (128-byte aligned, as a TMA destination must be).
+  // (A plain bulk copy did the same work; compute-sanitizer's racecheck does not model its
+  // completion on the mbarrier and reported every read of it: bench/micro/racecheck_bulk_copy.cu.)
   static constexpr int kStatRows = kBlockM + 4;
+  static constexpr int kStatStride = (kStatRows + 31) / 32 * 32;
   static constexpr uint32_t kQBytes = Config::kQBytes;
   static constexpr uint32_t kKBytes = Config::kKBytes;
   static constexpr uint32_t kStatBytes = kStatRows * sizeof(float);
@@ -136,8 +141,8 @@ struct SharedStorage {
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> dout;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutDs>, 1024> ds;
   cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutDq>, 1024> dq;  // dQ stages
-  cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> lse;
-  cute::array_aligned<float, Traits::kStatRows * Traits::kStages, 128> delta;
+  cute::array_aligned<float, Traits::kStatStride * Traits::kStages, 128> lse;
+  cute::array_aligned<float, Traits::kStatStride * Traits::kStages, 128> delta;
   DqTarget dq_target[Traits::kDqStages];
   int32_t dq_turns_descending;  // deterministic mode: a Q block's KV blocks add from the highest down
   static constexpr uint32_t kTileSlots = 2;
@@ -165,6 +170,8 @@ struct Params {
   typename Traits::TmaK tma_v;
   const float* lse_log2;  // [heads][q_stride]
   const float* delta;     // [heads][q_stride]
+  CUtensorMap lse_map;    // 1D over lse_log2 / delta (heads x q_stride floats), box kStatRows
+  CUtensorMap delta_map;
   int64_t q_stride;
   int32_t total_q;
   int32_t total_kv;

@@ -34,15 +34,12 @@ __device__ __forceinline__ int fresh_consumer_thread() {
   return static_cast<int>(tid) - 128;
 }
 
-// One plain bulk copy global -> shared memory completing on `bar` (16-byte aligned addresses,
-// a multiple of 16 bytes).
-__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t mbar = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(gmem), "r"(bytes), "r"(mbar)
-      : "memory");
+// The stats of one Q block (kStatRows floats from element `first`) by a 1D TMA load completing on
+// `bar`.
+__device__ __forceinline__ void load_stats(float* smem, const CUtensorMap* map, int64_t first,
+                                           uint64_t* bar) {
+  cute::SM90_TMA_LOAD_1D::copy(map, bar, static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem,
+                               static_cast<int32_t>(first));
 }
 
 template <class Traits>
@@ -122,14 +119,14 @@ struct Loader {
           // The stats from the aligned row at or before the block's first (the consumers skip the
           // first (row % 4)); the workspace holds kStatRows rows of slack after the last.
           const int64_t stat_row = int64_t(h) * p.q_stride + ((t.q_start + m * Traits::kBlockM) & ~3);
-          bulk_copy_g2s(smem.lse.data() + stage * Traits::kStatRows, p.lse_log2 + stat_row,
-                        Traits::kStatBytes, &smem.q_full[stage]);
+          load_stats(smem.lse.data() + stage * Traits::kStatStride, &p.lse_map, stat_row,
+                     &smem.q_full[stage]);
           if (!kv_issued) issue_kv();
           if (round_q > 0) EmptyBarrier::wait(&smem.do_empty[stage], (round_q - 1) & 1);
           FullBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_do.with(smem.do_full[stage]), get<0>(do_parts)(_, m), get<1>(do_parts)(_, stage));
-          bulk_copy_g2s(smem.delta.data() + stage * Traits::kStatRows, p.delta + stat_row, Traits::kStatBytes,
-                        &smem.do_full[stage]);
+          load_stats(smem.delta.data() + stage * Traits::kStatStride, &p.delta_map, stat_row,
+                     &smem.do_full[stage]);
           ++uses;
         }
       }
@@ -283,9 +280,9 @@ struct Consumer {
             // The lse and delta of the Q block's rows (this thread's columns) are read from shared
             // memory where they are used: kept in registers they pushed the consumers into spills.
             const int stat_skip = (t.q_start + row0) & 3;
-            const float* lse_c = smem.lse.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+            const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
             const float* delta_c =
-                smem.delta.data() + stage * Traits::kStatRows + stat_skip + coords.col_base;
+                smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
             // Whether every (row, key) pair of the block is visible and inside both sequences:
             // then no mask arithmetic at all (the bulk of a long sequence's blocks).
             const int32_t row_last = row0 + kBlockM - 1, key_last = key0 + kBlockN - 1;
