@@ -79,7 +79,11 @@ class BuildPyWithLibrary(build_py):
         package_dir = Path(self.build_lib) / "jagflash"
         package_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(build_dir / "libjagflash.so", package_dir / "libjagflash.so")
-        build_binding(package_dir, package_dir)
+        binding = build_binding(package_dir, package_dir)
+        # A copy next to build/libjagflash.so too: a checkout on PYTHONPATH=python (the bench
+        # scripts, which put python/ first on sys.path) loads the library and the binding from
+        # build/ (jagflash._lib). A clean-clone CI run failed without it (bench/registry_step.py).
+        shutil.copy2(binding, build_dir / binding.name)
 
 
 class BinaryDistribution(Distribution):
