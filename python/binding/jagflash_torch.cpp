@@ -338,6 +338,15 @@ bool same_as_q(const Tensor& t, const Tensor& q) {
          dtype_of(t) == dtype_of(q) && place_of(t) == place_of(q);
 }
 
+// The backward once its inputs are checked: layouts the C API can read, the gradients, the call.
+// q_offsets null: a pooled call (q is the shared query set, kv_offsets give the batch).
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                        Tensor lse, const Tensor* q_offsets,
+                                                        Tensor kv_offsets, int64_t mask, int64_t window_left,
+                                                        int64_t window_right, double scale,
+                                                        int64_t offsets_check, int64_t max_seqlen,
+                                                        bool deterministic);
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                Tensor lse, Tensor q_offsets, Tensor kv_offsets, int64_t mask,
                                                int64_t window_left, int64_t window_right, double scale,
@@ -351,35 +360,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
       dtype_of(lse) != codes().fp32 || !(place_of(lse) == place_of(q))) {
     fail_input("lse");
   }
-  const Place place = place_of(q);
-  std::optional<torch::stable::accelerator::DeviceGuard> guard;
-  guard_device(guard, place);
-  q = prepared(q, place);
-  k = prepared(k, place);
-  v = prepared(v, place);
-  out = prepared(out, place);
-  dout = prepared(dout, place);
-  if (!lse.is_contiguous()) {
-    Tensor fresh = empty({lse.size(0), lse.size(1)}, codes().fp32, place);
-    torch::stable::copy_(fresh, lse);
-    lse = fresh;
-  }
-  q_offsets = contiguous_offsets(q_offsets, place);
-  kv_offsets = contiguous_offsets(kv_offsets, place);
-  Tensor dq = empty_like_dense(q, place);
-  Tensor dk = empty_like_dense(k, place);
-  Tensor dv = empty_like_dense(v, place);
-  jf_bwd_args args{};
-  args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
-  args.out = describe(out);
-  args.dout = describe(dout);
-  args.lse = static_cast<const float*>(lse.data_ptr());
-  args.dq = describe(dq);
-  args.dk = describe(dk);
-  args.dv = describe(dv);
-  args.launch = launch_of(place, offsets_check, max_seqlen, deterministic);
-  Tensor workspace = run(args, jagflash_bwd_workspace_size, jagflash_bwd, place, JF_DIRECTION_BACKWARD);
-  return {dq, dk, dv, workspace};
+  return run_backward(dout, q, k, v, out, lse, &q_offsets, kv_offsets, mask, window_left, window_right, scale,
+                      offsets_check, max_seqlen, deterministic);
 }
 
 // ---- Pooled attention (jf_problem.pooled_q_rows, issue 17): one query set q [Lq, H, D] shared by
@@ -448,6 +430,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
       !(place_of(lse) == place_of(q))) {
     fail_input("pooled lse");
   }
+  return run_backward(dout, q, k, v, out, lse, nullptr, kv_offsets, mask, window_left, window_right, scale,
+                      offsets_check, max_seqlen, deterministic);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                                                        Tensor lse, const Tensor* q_offsets,
+                                                        Tensor kv_offsets, int64_t mask, int64_t window_left,
+                                                        int64_t window_right, double scale,
+                                                        int64_t offsets_check, int64_t max_seqlen,
+                                                        bool deterministic) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -461,12 +453,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
     torch::stable::copy_(fresh, lse);
     lse = fresh;
   }
+  Tensor q_offsets_c = q_offsets != nullptr ? contiguous_offsets(*q_offsets, place) : Tensor();
   kv_offsets = contiguous_offsets(kv_offsets, place);
   Tensor dq = empty_like_dense(q, place);
   Tensor dk = empty_like_dense(k, place);
   Tensor dv = empty_like_dense(v, place);
   jf_bwd_args args{};
-  args.problem = pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  args.problem =
+      q_offsets != nullptr
+          ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
+          : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   args.out = describe(out);
   args.dout = describe(dout);
   args.lse = static_cast<const float*>(lse.data_ptr());
