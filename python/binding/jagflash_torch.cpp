@@ -309,28 +309,20 @@ void check_offsets_mode(int64_t offsets_check) {
   }
 }
 
+// The forward once its inputs are checked: layouts the C API can read, out and lse, the call.
+// q_offsets null: a pooled call (q is the shared query set, kv_offsets give the batch).
+std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
+                                               Tensor kv_offsets, int64_t mask, int64_t window_left,
+                                               int64_t window_right, double scale, int64_t offsets_check,
+                                               int64_t max_seqlen);
+
 std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets,
                                        int64_t mask, int64_t window_left, int64_t window_right, double scale,
                                        int64_t offsets_check, int64_t max_seqlen) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
-  const Place place = place_of(q);
-  std::optional<torch::stable::accelerator::DeviceGuard> guard;
-  guard_device(guard, place);
-  q = prepared(q, place);
-  k = prepared(k, place);
-  v = prepared(v, place);
-  q_offsets = contiguous_offsets(q_offsets, place);
-  kv_offsets = contiguous_offsets(kv_offsets, place);
-  Tensor out = empty_like_dense(q, place);
-  Tensor lse = empty({q.size(1), q.size(0)}, codes().fp32, place);
-  jf_fwd_args args{};
-  args.problem = problem_of(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, place);
-  args.out = describe(out);
-  args.lse = static_cast<float*>(lse.data_ptr());
-  args.launch = launch_of(place, offsets_check, max_seqlen, false);
-  Tensor workspace = run(args, jagflash_fwd_workspace_size, jagflash_fwd, place, JF_DIRECTION_FORWARD);
-  return {out, lse, workspace};
+  return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
+                     max_seqlen);
 }
 
 bool same_as_q(const Tensor& t, const Tensor& q) {
@@ -393,18 +385,31 @@ std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tens
                                               int64_t offsets_check, int64_t max_seqlen) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
+  return run_forward(q, k, v, nullptr, kv_offsets, mask, window_left, window_right, scale, offsets_check,
+                     max_seqlen);
+}
+
+std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
+                                               Tensor kv_offsets, int64_t mask, int64_t window_left,
+                                               int64_t window_right, double scale, int64_t offsets_check,
+                                               int64_t max_seqlen) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
   q = prepared(q, place);
   k = prepared(k, place);
   v = prepared(v, place);
+  Tensor q_offsets_c = q_offsets != nullptr ? contiguous_offsets(*q_offsets, place) : Tensor();
   kv_offsets = contiguous_offsets(kv_offsets, place);
-  const int64_t rows = pooled_rows(q, kv_offsets);
+  // The output rows: total_q, or B * Lq for a pooled call.
+  const int64_t rows = q_offsets != nullptr ? q.size(0) : pooled_rows(q, kv_offsets);
   Tensor out = empty({rows, q.size(1), q.size(2)}, dtype_of(q), place);
   Tensor lse = empty({q.size(1), rows}, codes().fp32, place);
   jf_fwd_args args{};
-  args.problem = pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  args.problem =
+      q_offsets != nullptr
+          ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
+          : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   args.out = describe(out);
   args.lse = static_cast<float*>(lse.data_ptr());
   args.launch = launch_of(place, offsets_check, max_seqlen, false);
