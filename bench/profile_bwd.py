@@ -25,10 +25,16 @@ def main():
     ap.add_argument("--impls", default="jagflash,fa3")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--pooled", type=int, default=0, metavar="LQ",
+                    help="pooled attention: one shared q of LQ rows over the first --batch sequences "
+                         "(FA3 given q repeated per sequence)")
+    ap.add_argument("--batch", type=int, default=256, help="with --pooled: how many sequences")
     ap.add_argument("--torch-profile", action="store_true",
                     help="print each kernel's CUDA time over --calls backward calls (torch.profiler), not for ncu")
     args = ap.parse_args()
     lengths = jagflash.generate_lengths(args.dist, args.seed)
+    if args.pooled:
+        lengths = lengths[: args.batch]
     total = sum(lengths)
     dev = torch.device("cuda")
     offsets = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=dev)
@@ -38,9 +44,17 @@ def main():
         return torch.randn((total, args.heads, args.head_dim), generator=g, device=dev).to(torch.bfloat16)
 
     q, k, v, dout = rnd(), rnd(), rnd(), rnd()
+    b, lq = len(lengths), args.pooled
+    if lq:
+        q = q[:lq].contiguous()
+        dout = torch.randn((b * lq, args.heads, args.head_dim), generator=g, device=dev).to(torch.bfloat16)
+        cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32) * lq
     for impl in args.impls.split(","):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        if impl == "jagflash":
+        if impl == "jagflash" and lq:
+            def fwd():
+                return jagflash.pooled_attention(*leaves, offsets)
+        elif impl == "jagflash":
             def fwd():
                 return jagflash.jagged_attention(*leaves, offsets, offsets, causal=args.causal)
         elif impl == "fa3":
@@ -52,6 +66,10 @@ def main():
             L = max(lengths)
 
             def fwd():
+                if lq:
+                    out = fa3.flash_attn_varlen_func(leaves[0].repeat(b, 1, 1), leaves[1], leaves[2], cu_q,
+                                                     offsets, lq, L)
+                    return out[0] if isinstance(out, tuple) else out
                 out = fa3.flash_attn_varlen_func(*leaves, offsets, offsets, L, L, causal=args.causal)
                 return out[0] if isinstance(out, tuple) else out
         else:
@@ -67,7 +85,7 @@ def main():
                 for out in outs:
                     torch.autograd.grad(out, leaves, dout)
                 torch.cuda.synchronize()
-            print(f"== {impl} {args.dist} D={args.head_dim} causal={args.causal}: backward kernels, {args.calls} calls")
+            print(f"== {impl} {args.dist} D={args.head_dim} causal={args.causal} pooled={lq}: backward kernels, {args.calls} calls")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
         print(f"profile_bwd.py: {impl} {args.dist} D={args.head_dim} causal={args.causal} B={len(lengths)} total={total}")
 

@@ -164,19 +164,35 @@ int32_t backward_group_splits(const jf_bwd_args& a) {
                                         p.mask != JF_MASK_NONE, group_splits_knob());
 }
 
-WorkspaceLayout hopper_backward_layout(const jf_bwd_args& a) {
-  const jf_problem& p = a.problem;
-  const WorkspaceLayout w = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), p.q.head_dim,
-                                                             p.k.heads, p.k.rows, backward_group_splits(a));
-  return is_pooled(p) ? WorkspaceLayout::with_pooled_offsets(w, p.batch_size) : w;
-}
+// A backward call's workspace: which Hopper entry serves it (null: the oracle or the CPU), the
+// Hopper layouts (the workspace's regions, then the plan over KV blocks, built by the forward's
+// plan builder with the two sides swapped) and the bytes it needs. Computed once a call: the
+// group split it depends on asks the device for its SM count.
+struct BackwardWorkspace {
+  const kernels::HopperBackwardEntry* hopper = nullptr;
+  WorkspaceLayout layout;
+  schedule::DevicePlanLayout plan{};
+  size_t bytes = 0;
+};
 
-// The backward's plan: (sequence, KV block) pairs, built by the forward's plan builder with the
-// two sides swapped.
-schedule::DevicePlanLayout hopper_backward_plan_layout(const jf_bwd_args& a) {
-  return schedule::DevicePlanLayout::make(hopper_backward_layout(a).total_bytes, a.problem.batch_size,
-                                          a.problem.k.rows, output_rows(a.problem), kernels::kBackwardBlockN,
-                                          kernels::kBackwardBlockM);
+BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
+  validate_backward_shapes(a);
+  BackwardWorkspace w;
+  const jf_problem& p = a.problem;
+  if (p.device != JF_DEVICE_CUDA) return w;
+  w.hopper = hopper_backward_for(a);
+  if (w.hopper == nullptr) {
+    w.layout = WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
+    w.bytes = w.layout.total_bytes;
+    return w;
+  }
+  w.layout = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), p.q.head_dim, p.k.heads, p.k.rows,
+                                              backward_group_splits(a));
+  if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
+  w.plan = schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p),
+                                            kernels::kBackwardBlockN, kernels::kBackwardBlockM);
+  w.bytes = w.plan.total_bytes;
+  return w;
 }
 
 }  // namespace
@@ -197,12 +213,7 @@ size_t forward_workspace_size(const jf_fwd_args& a) {
   return WorkspaceLayout::forward_gpu().total_bytes;
 }
 
-size_t backward_workspace_size(const jf_bwd_args& a) {
-  validate_backward_shapes(a);
-  if (a.problem.device != JF_DEVICE_CUDA) return 0;
-  if (hopper_backward_for(a) != nullptr) return hopper_backward_plan_layout(a).total_bytes;
-  return WorkspaceLayout::backward_gpu(a.problem.q.heads, output_rows(a.problem)).total_bytes;
-}
+size_t backward_workspace_size(const jf_bwd_args& a) { return backward_workspace(a).bytes; }
 
 void run_forward(const jf_fwd_args& a) {
   const jf_problem& p = a.problem;
@@ -237,15 +248,15 @@ void run_forward(const jf_fwd_args& a) {
 
 void run_backward(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
-  validate_backward(a, backward_workspace_size(a), /*require_workspace=*/true);
+  const BackwardWorkspace work = backward_workspace(a);
+  validate_backward(a, work.bytes, /*require_workspace=*/true);
   if (p.device == JF_DEVICE_CPU) {
     reference::backward(a);
     return;
   }
-  const kernels::HopperBackwardEntry* hopper = hopper_backward_for(a);
+  const kernels::HopperBackwardEntry* hopper = work.hopper;
   const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
-  const WorkspaceLayout layout =
-      hopper ? hopper_backward_layout(a) : WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
+  const WorkspaceLayout& layout = work.layout;
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
@@ -257,7 +268,7 @@ void run_backward(const jf_bwd_args& a) {
     launch.error_flag = flag;
     launch.workspace = a.launch.workspace;
     launch.plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
-    launch.plan = hopper_backward_plan_layout(a);
+    launch.plan = work.plan;
     launch.build_plan = a.launch.reuse_plan == 0;
     launch.lse_log2 = reinterpret_cast<float*>(workspace_at(a.launch, layout.lse_log2_offset));
     launch.delta = delta;
@@ -267,7 +278,7 @@ void run_backward(const jf_bwd_args& a) {
     launch.dq_sems = a.launch.deterministic
                          ? reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.dq_sems_offset))
                          : nullptr;
-    launch.group_splits = backward_group_splits(a);
+    launch.group_splits = layout.group_splits;
     launch.dk_partial = launch.group_splits > 1
                             ? reinterpret_cast<float*>(workspace_at(a.launch, layout.dk_partial_offset))
                             : nullptr;

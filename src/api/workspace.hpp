@@ -46,6 +46,7 @@ struct WorkspaceLayout {
   int64_t dq_rows = 0;
   size_t dk_partial_offset = 0;
   size_t dv_partial_offset = 0;
+  int32_t group_splits = 1;  // the backward's query-head group split (kernels::backward_group_splits)
   // Pooled attention on the Hopper kernels: the output rows' offsets b * Lq, int32 [B+1], which
   // the plan and the kernels read as q_offsets; appended to a layout by with_pooled_offsets.
   size_t pooled_offsets_offset = 0;
@@ -72,6 +73,7 @@ struct WorkspaceLayout {
     // The semaphores are always reserved: a plan built by a call in one mode must be found by a
     // call in the other (launch.reuse_plan), so the plan's place cannot depend on the mode.
     w.total_bytes = w.dq_sems_offset + align_up(static_cast<size_t>(num_heads * total_q) * sizeof(int32_t));
+    w.group_splits = group_splits;
     if (group_splits > 1) {
       const size_t partial =
           align_up(static_cast<size_t>(group_splits * total_kv * heads_kv * head_dim) * sizeof(float));

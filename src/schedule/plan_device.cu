@@ -27,25 +27,36 @@ __device__ __forceinline__ int32_t q_blocks(const int32_t* q_offsets, int32_t b,
   return (lq + tile_m - 1) / tile_m;
 }
 
+// pair_offset[b] = the q blocks of the sequences before b, by one CTA of kThreads (a block scan
+// over chunks of kThreads sequences); returns the pair count. Every thread calls it.
+template <int kThreads>
+__device__ __forceinline__ int32_t
+scan_pair_offsets(const int32_t* q_offsets, int32_t batch_size, int tile_m, int32_t* pair_offset,
+                  typename cub::BlockScan<int32_t, kThreads>::TempStorage& storage) {
+  using Scan = cub::BlockScan<int32_t, kThreads>;
+  int32_t carry = 0;
+  for (int32_t base = 0; base < batch_size; base += kThreads) {
+    const int32_t b = base + threadIdx.x;
+    const int32_t count = b < batch_size ? q_blocks(q_offsets, b, tile_m) : 0;
+    int32_t offset, chunk_total;
+    Scan(storage).ExclusiveSum(count, offset, chunk_total);
+    if (b < batch_size) pair_offset[b] = carry + offset;
+    carry += chunk_total;
+    __syncthreads();  // the scan storage is reused by the next chunk
+  }
+  return carry;
+}
+
 // One block scans the per-sequence q-block counts: pair_offset[b] and the pair count.
 __global__ void __launch_bounds__(kScanThreads)
     count_pairs_kernel(const int32_t* q_offsets, int32_t batch_size, int tile_m, const int32_t* error_flag,
                        PlanKey* stored_key, PlanKey key, int32_t* pair_offset, int32_t* num_pairs) {
   if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
   if (*error_flag) return;
-  using Scan = cub::BlockScan<int32_t, kScanThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  int32_t carry = 0;
-  for (int32_t base = 0; base < batch_size; base += kScanThreads) {
-    const int32_t b = base + threadIdx.x;
-    const int32_t count = b < batch_size ? q_blocks(q_offsets, b, tile_m) : 0;
-    int32_t offset, chunk_total;
-    Scan(scan_storage).ExclusiveSum(count, offset, chunk_total);
-    if (b < batch_size) pair_offset[b] = carry + offset;
-    carry += chunk_total;
-    __syncthreads();  // scan_storage is reused by the next chunk
-  }
-  if (threadIdx.x == 0) *num_pairs = carry;
+  __shared__ typename cub::BlockScan<int32_t, kScanThreads>::TempStorage scan_storage;
+  const int32_t pairs =
+      scan_pair_offsets<kScanThreads>(q_offsets, batch_size, tile_m, pair_offset, scan_storage);
+  if (threadIdx.x == 0) *num_pairs = pairs;
 }
 
 // The sequence that owns pair i: the last b with pair_offset[b] <= i (sequences without q rows
@@ -60,6 +71,22 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
       hi = mid;
   }
   return lo;
+}
+
+// Pair i (< the pair count): its (batch, block) into pair_batch[i], pair_block[i], and its sort key
+// returned (the comment below says what the key orders).
+__device__ __forceinline__ uint64_t fill_pair(const int32_t* q_offsets, const int32_t* kv_offsets,
+                                              int32_t batch_size, int tile_m, int tile_n, int batch_bits,
+                                              bool first_block_first, const int32_t* pair_offset, int32_t i,
+                                              int32_t* pair_batch, int32_t* pair_block) {
+  const int32_t b = owner_of_pair(pair_offset, batch_size, i);
+  const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+  const int32_t blocks = (lq + tile_m - 1) / tile_m;
+  pair_batch[i] = b;
+  const int32_t pos = i - pair_offset[b];
+  pair_block[i] = first_block_first ? pos : blocks - 1 - pos;
+  const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
+  return ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
 }
 
 // Each pair gets its (batch, block) and its sort key: (sequence weight + 1) above the batch
@@ -83,14 +110,8 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
       keys[i] = 0u;
       continue;
     }
-    const int32_t b = owner_of_pair(pair_offset, batch_size, static_cast<int32_t>(i));
-    const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
-    const int32_t q_blocks = (lq + tile_m - 1) / tile_m;
-    pair_batch[i] = b;
-    const int32_t pos = static_cast<int32_t>(i) - pair_offset[b];
-    pair_block[i] = first_block_first ? pos : q_blocks - 1 - pos;
-    const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
-    keys[i] = ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
+    keys[i] = fill_pair(q_offsets, kv_offsets, batch_size, tile_m, tile_n, batch_bits, first_block_first,
+                        pair_offset, static_cast<int32_t>(i), pair_batch, pair_block);
   }
 }
 
@@ -110,7 +131,7 @@ __global__ void __launch_bounds__(kSmallThreads)
                       int32_t* vals_out) {
   if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
   if (*error_flag) return;
-  using Scan = cub::BlockScan<int32_t, kSmallThreads>;
+  using Scan = cub::BlockScan<int32_t, kSmallThreads>;  // scan_pair_offsets' scan
   using Sort = cub::BlockRadixSort<uint64_t, kSmallThreads, kSmallItems, int32_t>;
   __shared__ union {
     typename Scan::TempStorage scan;
@@ -118,36 +139,18 @@ __global__ void __launch_bounds__(kSmallThreads)
   } storage;
   // max_pairs = total_q / tile_m + B + 1 bounds B: every sequence's pair offset fits here.
   __shared__ int32_t pair_offset[kSmallPlanMaxPairs];
-  __shared__ int32_t pairs_total;
-  int32_t carry = 0;
-  for (int32_t base = 0; base < batch_size; base += kSmallThreads) {
-    const int32_t b = base + threadIdx.x;
-    const int32_t count = b < batch_size ? q_blocks(q_offsets, b, tile_m) : 0;
-    int32_t offset, chunk_total;
-    Scan(storage.scan).ExclusiveSum(count, offset, chunk_total);
-    if (b < batch_size) pair_offset[b] = carry + offset;
-    carry += chunk_total;
-    __syncthreads();  // the scan storage is reused by the next chunk
-  }
-  if (threadIdx.x == 0) pairs_total = carry;
-  __syncthreads();
-  const int32_t pairs = pairs_total;
+  // Every thread gets the total; the scan's last __syncthreads published pair_offset.
+  const int32_t pairs =
+      scan_pair_offsets<kSmallThreads>(q_offsets, batch_size, tile_m, pair_offset, storage.scan);
   uint64_t keys[kSmallItems];
   int32_t vals[kSmallItems];
 #pragma unroll
   for (int j = 0; j < kSmallItems; ++j) {
     const int32_t i = static_cast<int32_t>(threadIdx.x) * kSmallItems + j;
     vals[j] = i;
-    keys[j] = 0u;
-    if (i >= pairs) continue;
-    const int32_t b = owner_of_pair(pair_offset, batch_size, i);
-    const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
-    const int32_t blocks = (lq + tile_m - 1) / tile_m;
-    pair_batch[i] = b;
-    const int32_t pos = i - pair_offset[b];
-    pair_block[i] = first_block_first ? pos : blocks - 1 - pos;
-    const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
-    keys[j] = ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
+    keys[j] = i < pairs ? fill_pair(q_offsets, kv_offsets, batch_size, tile_m, tile_n, batch_bits,
+                                    first_block_first, pair_offset, i, pair_batch, pair_block)
+                        : 0u;
   }
   // The sort's storage aliases the scan's, whose last use the loop's __syncthreads closed.
   Sort(storage.sort).SortDescending(keys, vals, 0, sort_end_bit);

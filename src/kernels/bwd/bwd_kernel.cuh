@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(&p.dq_map);
       cute::prefetch_tma_descriptor(&p.lse_map);
       cute::prefetch_tma_descriptor(&p.delta_map);
       Loader<Traits>::run(p, smem);

@@ -40,6 +40,21 @@ inline cudaError_t stats_tensor_map(CUtensorMap* map, const float* base, uint64_
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// A 2D tensor map over the fp32 dQ accumulator [rows][head_dim], box (box_rows, box_cols) with
+// the 128-byte swizzle of the dQ stages: the dQ writer's reduce-adds.
+inline cudaError_t dq_tensor_map(CUtensorMap* map, float* base, uint64_t rows, int head_dim,
+                                 uint32_t box_cols, uint32_t box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(head_dim), rows};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(head_dim) * sizeof(float)};
+  const cuuint32_t box_dims[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, box_dims, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <class Element, int kHeadDim>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
   using Config = TileConfig<Element, kHeadDim>;
@@ -135,11 +150,9 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.dv_row_stride = a.dv.row_stride;
     p.dv_head_stride = a.dv.head_stride;
     p.dq_total_rows = static_cast<int32_t>(heads * launch.dq_rows);
-    p.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{},
-                             make_tensor(make_gmem_ptr(launch.dq_accum),
-                                         make_layout(make_shape(p.dq_total_rows, typename Traits::HeadDim{}),
-                                                     make_stride(static_cast<int64_t>(kHeadDim), _1{}))),
-                             typename Traits::SmemLayoutDqStage{});
+    if ((err = dq_tensor_map(&p.dq_map, launch.dq_accum, static_cast<uint64_t>(p.dq_total_rows), kHeadDim,
+                             Traits::kDqBoxCols, Traits::kDqRowGroup)) != cudaSuccess)
+      return err;
     p.dq_rows = launch.dq_rows;
     p.dq_sems = launch.dq_sems;
     p.q_offsets = pb.q_offsets;

@@ -1,8 +1,11 @@
 // The dQ writer (one thread of the producer warpgroup): adds each dQ stage the consumers hand
 // over into the fp32 accumulator with TMA reduce-adds (cp.reduce.async.bulk.tensor .add) and
 // frees the stage as soon as the copy has read it, so the consumers' next dQ never waits for
-// global memory. A Q block's rows past its sequence's end carry exact zeros, so a reduce that
-// spans into the next sequence (or the accumulator's slack after the last row) adds nothing.
+// global memory. Only the row groups (16 rows) that hold rows of the Q block's sequence are
+// added: a short sequence's (or a pooled query set's) block no longer adds 64 rows of which most
+// are padding (4x the bytes at 16 rows: ncu, 2026-12-01). The padding rows of the last group carry
+// exact zeros, so where it spans into the next sequence (or the slack after the last row) it adds
+// nothing.
 #pragma once
 
 #include "kernels/bwd/kernel_traits_bwd.cuh"
@@ -24,19 +27,29 @@ __device__ __forceinline__ void bulk_wait_all() {
 template <class Traits>
 struct DqWriter {
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem) {
-    using BlockM = typename Traits::BlockM;
-    using HeadDim = typename Traits::HeadDim;
-    Tensor mDq = p.tma_dq.get_tma_tensor(make_shape(p.dq_total_rows, HeadDim{}));
-    Tensor sDq = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutDq{});
+    const uint32_t dq_smem = cute::cast_smem_ptr_to_uint(smem.dq.data());
+    // Every (row group, 32-column box) of the stage that holds the block's rows.
+    auto reduce_stage = [&](uint32_t stage, const DqTarget& target) {
+      const int groups = (target.rows + Traits::kDqRowGroup - 1) / Traits::kDqRowGroup;
+#pragma unroll
+      for (int box = 0; box < Traits::kHeadDim / Traits::kDqBoxCols; ++box)
+        for (int g = 0; g < groups; ++g) {
+          const uint32_t src = dq_smem + stage * Traits::kDqStageBytes + box * Traits::kDqBoxBytes +
+                               g * Traits::kDqRowGroup * Traits::kDqBoxCols * sizeof(float);
+          asm volatile(
+              "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], "
+              "[%1];\n" ::"l"(reinterpret_cast<uint64_t>(&p.dq_map)),
+              "r"(src), "r"(box * Traits::kDqBoxCols),
+              "r"(static_cast<int32_t>(target.row) + g * Traits::kDqRowGroup)
+              : "memory");
+        }
+      bulk_commit();
+    };
     for (uint32_t uses = 0;; ++uses) {
       const uint32_t stage = uses % Traits::kDqStages;
       EmptyBarrier::wait(&smem.dq_full[stage], (uses / Traits::kDqStages) & 1);
       const DqTarget target = smem.dq_target[stage];
       if (target.stop) break;
-      Tensor gDq = local_tile(domain_offset(make_coord(static_cast<int32_t>(target.row), _0{}), mDq),
-                              Shape<BlockM, HeadDim>{}, make_coord(_0{}, _0{}));
-      auto parts =
-          tma_partition(p.tma_dq, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDq), group_modes<0, 2>(gDq));
       if (p.dq_sems != nullptr) {
         // Deterministic mode: this KV block's turn on the Q block (the blocks before it added
         // theirs, completely, before releasing the semaphore).
@@ -47,14 +60,12 @@ struct DqWriter {
                        : "l"(p.dq_sems + target.sem)
                        : "memory");
         } while (seen != target.sem_turn);
-        copy(p.tma_dq, get<1>(parts)(_, stage), get<0>(parts));
-        bulk_commit();
+        reduce_stage(stage, target);
         bulk_wait_all();  // the sums are in global memory, not only read from shared memory
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p.dq_sems + target.sem) : "memory");
       } else {
-        copy(p.tma_dq, get<1>(parts)(_, stage), get<0>(parts));
-        bulk_commit();
+        reduce_stage(stage, target);
         bulk_wait_read_all();
       }
       EmptyBarrier::arrive(&smem.dq_empty[stage]);

@@ -12,12 +12,87 @@ namespace jagflash::kernels::bwd {
 
 using namespace cute;
 
-// One store per column pair straight from the accumulators: a warp's store covers 8 rows of 16
-// contiguous bytes each (32 in fp32).
+// A warpgroup's staging of one of dK, dV (its 64 keys x D in the input dtype) in the dS buffers'
+// bytes that hold its own keys (kStageHalf bytes in each of the two buffers; free once both
+// warpgroups' last dQ GEMM of the tile is done), a key's row of D elements at key x row bytes,
+// its 16-byte chunks XOR-ed with key % 8 so that a warp's accumulator stores (8 keys, one chunk)
+// and its row reads (whole rows) hit distinct banks.
+template <int kHeadDim, int kElementBytes>
+struct DkvStaging {
+  static constexpr int kRowBytes = kHeadDim * kElementBytes;
+  static constexpr int kChunks = kRowBytes / 16;
+  static constexpr uint32_t kStageHalf = 8 * 1024;     // 64 keys x 128 bytes of one dS buffer
+  static constexpr uint32_t kBufferBytes = 16 * 1024;  // one dS buffer (64 rows x 128 keys)
+  static_assert(64 * kRowBytes <= 2 * kStageHalf && kStageHalf % kRowBytes == 0, "a warpgroup's keys fit");
+  // Byte offset of (key, 16-byte chunk) from the dS buffers' base, for warpgroup `wg`.
+  static __device__ __forceinline__ uint32_t offset(int wg, int key, int chunk) {
+    const uint32_t linear = static_cast<uint32_t>(key * kRowBytes);
+    const uint32_t half = linear / kStageHalf;
+    return half * kBufferBytes + wg * kStageHalf + linear % kStageHalf +
+           static_cast<uint32_t>((chunk ^ (key & 7)) * 16);
+  }
+};
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// dK (times the scale) and dV in the input dtype: registers -> the staging above -> global
+// memory in 16-byte chunks of whole rows (a warp writes 512 contiguous-row bytes a store, full
+// 32-byte sectors), rows past the sequence's end skipped. Stored straight from the accumulators
+// (a warp's store: 8 rows of 16 bytes, half sectors) the epilogue doubled the L2 write requests
+// and bound a tile that sees one Q block (pooled attention, short sequences): ncu, 2026-12-01.
+// Every consumer thread calls it once a tile (the barriers count them all).
+template <class Traits, class TensorAcc>
+__device__ __forceinline__ void stage_and_store(const Params<Traits>& p, const TileInfo& t, TensorAcc& acc_rc,
+                                                float factor, typename Traits::Element* out,
+                                                int64_t row_stride, int64_t head_stride, uint32_t ds_base,
+                                                int thread) {
+  using Element = typename Traits::Element;
+  using Staging = DkvStaging<Traits::kHeadDim, int(sizeof(Element))>;
+  constexpr int kRows = decltype(size<0>(acc_rc))::value;
+  const common::AccumulatorCoords coords(thread);
+  const int wg = thread / 128, wg_thread = thread % 128;
+  const uint32_t barrier = 3 + wg;  // 1 and 2: both warpgroups' barriers
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int key = coords.row(r) - 64 * wg;
+#pragma unroll
+    for (int c = 0; c < size<1>(acc_rc); c += 2) {
+      const int col = coords.col(c);
+      st_shared_b32(ds_base + Staging::offset(wg, key, col / 8) + (col % 8) * int(sizeof(Element)),
+                    common::pack2(Element{}, acc_rc(r, c) * factor, acc_rc(r, c + 1) * factor));
+    }
+  }
+  cutlass::arch::NamedBarrier::sync(128, barrier);
+  const int32_t key_lo = t.n_block * Traits::kBlockN + 64 * wg;  // the warpgroup's first key
+#pragma unroll
+  for (int i = 0; i < 64 * Staging::kChunks / 128; ++i) {
+    const int idx = wg_thread + 128 * i;
+    const int key = idx / Staging::kChunks, chunk = idx % Staging::kChunks;
+    const uint4 v = ld_shared_v4(ds_base + Staging::offset(wg, key, chunk));
+    if (key_lo + key < t.len_kv) {
+      const int64_t row = int64_t(t.kv_start) + key_lo + key;
+      *reinterpret_cast<uint4*>(out + row * row_stride + int64_t(t.kv_head) * head_stride +
+                                chunk * (16 / int(sizeof(Element)))) = v;
+    }
+  }
+  cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging bytes are free again
+}
+
+// dk_partial, dv_partial (a split group's fp32 slots): one store per column pair straight from
+// the accumulators. dk, dv: staged (above) through the dS buffers at shared address ds_base.
 template <class Traits, class TensorDK, class TensorDV>
 __device__ __forceinline__ void store_dkdv(const Params<Traits>& p, const TileInfo& t, TensorDK& dk_acc,
-                                           TensorDV& dv_acc, int thread) {
-  using Element = typename Traits::Element;
+                                           TensorDV& dv_acc, uint32_t ds_base, int thread) {
   Tensor dk_rc = make_tensor(dk_acc.data(), common::rowcol_layout(dk_acc.layout()));
   Tensor dv_rc = make_tensor(dv_acc.data(), common::rowcol_layout(dv_acc.layout()));
   const common::AccumulatorCoords coords(thread);
@@ -39,21 +114,11 @@ __device__ __forceinline__ void store_dkdv(const Params<Traits>& p, const TileIn
     }
     return;
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int32_t j = t.n_block * Traits::kBlockN + coords.row(r);
-    if (j >= t.len_kv) continue;
-    const int64_t row = int64_t(t.kv_start) + j;
-    Element* dk_row = p.dk + row * p.dk_row_stride + int64_t(t.kv_head) * p.dk_head_stride;
-    Element* dv_row = p.dv + row * p.dv_row_stride + int64_t(t.kv_head) * p.dv_head_stride;
-#pragma unroll
-    for (int c = 0; c < size<1>(dk_rc); c += 2) {
-      const int col = coords.col(c);
-      *reinterpret_cast<uint32_t*>(dk_row + col) =
-          common::pack2(Element{}, dk_rc(r, c) * p.scale, dk_rc(r, c + 1) * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = common::pack2(Element{}, dv_rc(r, c), dv_rc(r, c + 1));
-    }
-  }
+  // Both warpgroups' last dQ GEMM (which reads every key's dS) is done before either overwrites
+  // its keys' dS bytes.
+  cutlass::arch::NamedBarrier::sync(256, 2);
+  stage_and_store<Traits>(p, t, dk_rc, p.scale, p.dk, p.dk_row_stride, p.dk_head_stride, ds_base, thread);
+  stage_and_store<Traits>(p, t, dv_rc, 1.f, p.dv, p.dv_row_stride, p.dv_head_stride, ds_base, thread);
 }
 
 }  // namespace jagflash::kernels::bwd

@@ -83,16 +83,16 @@ struct KernelTraits {
       SmemLayoutK{}));
   // dQ partials in fp32, two stages, 128-byte swizzled (8 rows x 32 floats an atom): a warp's
   // accumulator stores (8 rows x 32 bytes) hit every bank twice, where a plain row-major stage
-  // put the 8 rows on the same 8 banks. The TMA reduce-add unswizzles on the way to the
-  // accumulator [rows = H x dq_rows][D].
-  using SmemLayoutDqStage =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{}, Shape<BlockM, HeadDim>{}));
+  // put the 8 rows on the same 8 banks. A stage is D / 32 boxes of (kBlockM rows x 32 floats),
+  // kDqBoxBytes each; the dQ writer's TMA reduce-adds take (kDqRowGroup rows x 32 floats) boxes
+  // of them (the tensor map dq_map unswizzles on the way to the accumulator [H x dq_rows][D]), only
+  // the row groups that hold rows of the sequence.
   using SmemLayoutDq = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<float>{},
                                               Shape<BlockM, HeadDim, Int<Config::kDqStages>>{}));
-  using DqGmemLayout = Layout<Shape<int32_t, HeadDim>, Stride<int64_t, _1>>;
-  using TmaDq = decltype(make_tma_copy(
-      SM90_TMA_REDUCE_ADD{}, make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), DqGmemLayout{}),
-      SmemLayoutDqStage{}));
+  static constexpr int kDqBoxCols = 32;
+  static constexpr int kDqRowGroup = 16;
+  static constexpr uint32_t kDqBoxBytes = kBlockM * kDqBoxCols * sizeof(float);
+  static constexpr uint32_t kDqStageBytes = kBlockM * kHeadDim * sizeof(float);
 
   // lse (log2 units) and delta of a Q block: [heads][q_stride] fp32 in the workspace, brought by
   // a 1D TMA load (tensor map over the whole array, box kStatRows) of kStatRows rows from the
@@ -129,7 +129,7 @@ struct DqTarget {
   int32_t sem;       // deterministic mode: the semaphore of (head, Q block), else unused
   int32_t sem_turn;  // its value when this KV block's turn comes
   int32_t stop;      // 1: no more stages (the consumers are done)
-  int32_t pad;
+  int32_t rows;      // the Q block's rows inside its sequence (1..kBlockM): the rows reduce-added
 };
 
 template <class Traits>
@@ -191,8 +191,9 @@ struct Params {
   typename Traits::Element* dk;
   typename Traits::Element* dv;
   int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
-  typename Traits::TmaDq tma_dq;  // reduce-add into the accumulator [heads x dq_rows][D] fp32
-  int32_t dq_total_rows;          // heads x dq_rows
+  CUtensorMap
+      dq_map;  // 2D over the accumulator [heads x dq_rows][D] fp32, box (kDqRowGroup, 32), 128-byte swizzle
+  int32_t dq_total_rows;  // heads x dq_rows
   int64_t dq_rows;
   int32_t* dq_sems;  // deterministic mode: [heads][total_q], else null
   const int32_t* q_offsets;

@@ -5,7 +5,8 @@
 //    that sees the tile,
 //    through the kStages ring.
 //  Consumers (two warpgroups, 64 keys each): S^T, dP^T, P^T, dS^T, dV and dK in registers, dS
-//    to shared memory, dQ = dS K into a dQ stage for the writer; dK, dV stored at the tile's end.
+//    to shared memory, dQ = dS K into a dQ stage for the writer; dK, dV stored at the tile's end
+//    through the dS buffers (epilogue_bwd.cuh).
 //  dQ writer (dq_writer.cuh): adds each dQ stage into the fp32 accumulator with one bulk reduce.
 #pragma once
 
@@ -147,7 +148,10 @@ struct Consumer {
   static constexpr uint32_t kDqStages = Traits::kDqStages;
   using StoreOffsets = SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value>;
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
-  static constexpr uint32_t kDqStageBytes = kBlockM * Traits::kHeadDim * sizeof(float);
+  static constexpr uint32_t kDqStageBytes = Traits::kDqStageBytes;
+  static_assert(kDsBufferBytes == DkvStaging<Traits::kHeadDim, int(sizeof(Element))>::kBufferBytes &&
+                    Traits::kDsBuffers == 2 && Traits::WgKeys::value == 64,
+                "the dK/dV staging's view of the dS buffers");
 
   static constexpr int kKeysPerWarpgroup = Traits::WgKeys::value;
   // dQ's k-blocks (16 keys each) over warpgroup 0's keys.
@@ -356,6 +360,7 @@ struct Consumer {
             if (thread == 0) {
               DqTarget target{};
               target.row = int64_t(h) * p.dq_rows + t.q_start + row0;
+              target.rows = min(kBlockM, t.len_q - row0);
               if (p.dq_sems != nullptr) {
                 // The KV blocks that see this Q block add in the plan's order of them (first to
                 // last, or last to first): this one's turn comes after those handed out before.
@@ -450,7 +455,8 @@ struct Consumer {
         if (t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
         EmptyBarrier::arrive(&smem.k_empty);
       }
-      store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, fresh_consumer_thread());
+      store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, cute::cast_smem_ptr_to_uint(smem.ds.data()),
+                         fresh_consumer_thread());
       __syncwarp();
       if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);
     }

@@ -86,6 +86,27 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   }
 }
 
+// Eight consecutive fp32 values summed over `count` copies `stride` floats apart, in order (the
+// copy at `first` first), times `factor`, rounded to Element and packed into 16 bytes: the dq
+// postprocess (a pooled query's B sequences) and the dK/dV postprocess (a split group's slots).
+template <class Element>
+__device__ __forceinline__ uint4 sum8_strided(const float* first, int32_t count, int64_t stride,
+                                              float factor) {
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+  for (int32_t s = 0; s < count; ++s) {
+    const float4* src = reinterpret_cast<const float4*>(first + s * stride);
+    const float4 x = src[0], y = src[1];
+    a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+    b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
+  }
+  uint4 packed;
+  packed.x = common::pack2(Element{}, a.x * factor, a.y * factor);
+  packed.y = common::pack2(Element{}, a.z * factor, a.w * factor);
+  packed.z = common::pack2(Element{}, b.x * factor, b.y * factor);
+  packed.w = common::pack2(Element{}, b.z * factor, b.w * factor);
+  return packed;
+}
+
 struct PostprocessParams {
   const float* dq_accum;  // [H][dq_rows][D]
   int64_t dq_rows;
@@ -115,19 +136,8 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     const int64_t row = Shape::thread_row(cta, p.num_heads);
     if (row >= p.total_q) continue;
     const float* head_rows = p.dq_accum + int64_t(h) * p.dq_rows * kHeadDim + chunk * 8;
-    const float4* src = reinterpret_cast<const float4*>(head_rows + row * kHeadDim);
-    float4 a = src[0], b = src[1];
-    for (int32_t s = 1; s < p.sum_count; ++s) {
-      const float4* more = reinterpret_cast<const float4*>(head_rows + (row + s * p.sum_stride) * kHeadDim);
-      const float4 x = more[0], y = more[1];
-      a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
-      b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
-    }
-    uint4 packed;
-    packed.x = common::pack2(Element{}, a.x * p.scale, a.y * p.scale);
-    packed.y = common::pack2(Element{}, a.z * p.scale, a.w * p.scale);
-    packed.z = common::pack2(Element{}, b.x * p.scale, b.y * p.scale);
-    packed.w = common::pack2(Element{}, b.z * p.scale, b.w * p.scale);
+    const uint4 packed =
+        sum8_strided<Element>(head_rows + row * kHeadDim, p.sum_count, p.sum_stride * kHeadDim, p.scale);
     Element* dst = static_cast<Element*>(p.dq) + row * p.dq_row_stride + h * p.dq_head_stride + chunk * 8;
     *reinterpret_cast<uint4*>(dst) = packed;
   }
@@ -149,24 +159,6 @@ struct DkvPostprocessParams {
 // of each split, including blocks no query sees, which write zeros), and offsets end at
 // total_kv: the rows [0, total_kv) are all read and written, nothing past them.
 template <class Element, int kHeadDim>
-__device__ __forceinline__ uint4 sum_partials(const float* partial, int32_t splits, int64_t split_stride,
-                                              int64_t at) {
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-  for (int32_t s = 0; s < splits; ++s) {
-    const float4* src = reinterpret_cast<const float4*>(partial + s * split_stride + at);
-    const float4 x = src[0], y = src[1];
-    a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
-    b.x += y.x, b.y += y.y, b.z += y.z, b.w += y.w;
-  }
-  uint4 packed;
-  packed.x = common::pack2(Element{}, a.x, a.y);
-  packed.y = common::pack2(Element{}, a.z, a.w);
-  packed.z = common::pack2(Element{}, b.x, b.y);
-  packed.w = common::pack2(Element{}, b.z, b.w);
-  return packed;
-}
-
-template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     dkv_postprocess_kernel(const DkvPostprocessParams p) {
   if (*p.error_flag) return;
@@ -180,10 +172,10 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     const int64_t at = (row * p.num_heads_kv + h) * kHeadDim + chunk * 8;
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk) + row * p.dk_row_stride + h * p.dk_head_stride +
                               chunk * 8) =
-        sum_partials<Element, kHeadDim>(p.dk_partial, p.splits, split_stride, at);
+        sum8_strided<Element>(p.dk_partial + at, p.splits, split_stride, 1.f);
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dv) + row * p.dv_row_stride + h * p.dv_head_stride +
                               chunk * 8) =
-        sum_partials<Element, kHeadDim>(p.dv_partial, p.splits, split_stride, at);
+        sum8_strided<Element>(p.dv_partial + at, p.splits, split_stride, 1.f);
   }
 }
 
