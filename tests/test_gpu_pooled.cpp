@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -469,6 +470,36 @@ TEST(GpuPooled, HopperBackendServesOrRefusesPooledProblems) {
   const jf_problem p = run.problem(JF_DEVICE_CUDA);
   ASSERT_EQ(jagflash_query_backend(&p, &l, JF_DIRECTION_FORWARD, &served), JF_OK) << jagflash_last_error();
   EXPECT_EQ(served, JF_BACKEND_ORACLE);
+}
+
+// Many sequences of one query head a CTA: the Hopper backward sums a CTA's dQ partials of one head
+// in its open stage over consecutive tiles (Lq <= 64, one head a tile, not deterministic), and
+// with JAGFLASH_BWD_POOLED_SUM=0 keeps each sequence's rows and sums them in the postprocess: both
+// against the reference, with enough tiles (B = 200, about 10 a CTA) that stages are reused.
+TEST(GpuPooled, HopperSumsConsecutiveTilesOfAHeadInACta) {
+  PooledSpec probe;
+  probe.len_kv = std::vector<int32_t>{5, 8};
+  probe.heads = probe.heads_kv = 4;
+  probe.seed = 2000;
+  if (!serves(PooledRun(probe), JF_BACKEND_HOPPER)) GTEST_SKIP() << "this build has no Hopper pooled kernels";
+  struct Case {
+    int lq, head_dim;
+  };
+  uint64_t seed = 2001;
+  for (const char* knob : {"1", "0"}) {
+    ASSERT_EQ(setenv("JAGFLASH_BWD_POOLED_SUM", knob, 1), 0);
+    for (const Case c : {Case{16, 128}, Case{64, 128}, Case{1, 64}, Case{64, 64}}) {
+      PooledSpec s;
+      s.lq = c.lq;
+      for (int b = 0; b < 200; ++b) s.len_kv.push_back(b % 17 == 3 ? 0 : (b * 37) % 300);
+      s.heads = s.heads_kv = 4;
+      s.head_dim = c.head_dim;
+      s.seed = ++seed;
+      SCOPED_TRACE(std::string("JAGFLASH_BWD_POOLED_SUM=") + knob);
+      run_and_check(s, JF_BACKEND_HOPPER);
+    }
+  }
+  unsetenv("JAGFLASH_BWD_POOLED_SUM");
 }
 
 // AUTO (whichever backend it picks) on one mixed case.

@@ -66,9 +66,22 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   const int32_t heads = pb.q.heads;
   const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
 
-  // The accumulator starts at zero; the semaphores too (deterministic mode).
-  cudaError_t err = cudaMemsetAsync(
-      launch.dq_accum, 0, static_cast<size_t>(heads) * launch.dq_rows * kHeadDim * sizeof(float), stream);
+  // Pooled attention summed inside the CTAs (Params::pooled_dq_sum): one Q block a sequence, one
+  // query head a tile, and the deterministic mode's fixed order not asked for.
+  const int32_t group = pb.k.heads > 0 ? heads / pb.k.heads : 1;
+  // JAGFLASH_BWD_POOLED_SUM=0 (benchmark knob, read at every call) keeps the per-sequence rows.
+  const char* sum_knob = std::getenv("JAGFLASH_BWD_POOLED_SUM");
+  const bool pooled_dq_sum = pb.pooled_q_rows > 0 && pb.pooled_q_rows <= Config::kBlockM &&
+                             launch.dq_sems == nullptr && group == launch.group_splits &&
+                             !(sum_knob != nullptr && std::strcmp(sum_knob, "0") == 0);
+  // The accumulator starts at zero (with pooled_dq_sum only its first Q block of rows a head is
+  // used); the semaphores too (deterministic mode).
+  const size_t head_pitch = static_cast<size_t>(launch.dq_rows) * kHeadDim * sizeof(float);
+  cudaError_t err =
+      pooled_dq_sum
+          ? cudaMemset2DAsync(launch.dq_accum, head_pitch, 0,
+                              static_cast<size_t>(Config::kBlockM) * kHeadDim * sizeof(float), heads, stream)
+          : cudaMemsetAsync(launch.dq_accum, 0, static_cast<size_t>(heads) * head_pitch, stream);
   if (err != cudaSuccess) return err;
   if (launch.dq_sems != nullptr) {
     err =
@@ -122,6 +135,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     jf_tensor q_rows = pb.q;
     if (pb.pooled_q_rows > 0) q_rows.rows = pb.pooled_q_rows;
     p.q_shared = pb.pooled_q_rows > 0;
+    p.pooled_dq_sum = pooled_dq_sum;
     p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(q_rows, pb.k),
                             typename Traits::SmemLayoutQStage{});
     p.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor<Traits>(a.dout, pb.k),
@@ -209,10 +223,11 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.dq = a.dq.data;
     pp.dq_row_stride = a.dq.row_stride;
     pp.dq_head_stride = a.dq.head_stride;
-    // Pooled: dq [Lq] is the sum of the B sequences' accumulator rows b * Lq + i.
+    // Pooled: dq [Lq] is the sum of the B sequences' accumulator rows b * Lq + i, or with
+    // pooled_dq_sum already summed in rows i.
     const bool pooled = pb.pooled_q_rows > 0;
     pp.total_q = pooled ? pb.pooled_q_rows : pb.q.rows;
-    pp.sum_count = pooled ? pb.batch_size : 1;
+    pp.sum_count = pooled && !pooled_dq_sum ? pb.batch_size : 1;
     pp.sum_stride = pooled ? pb.pooled_q_rows : 0;
     pp.num_heads = heads;
     pp.scale = scale;

@@ -181,6 +181,12 @@ struct Params {
   // Pooled attention: Q is one shared [Lq, H, D] set loaded from row 0 for every sequence; dO, O,
   // the stats and the dQ accumulator count the output rows (q_offsets b * Lq).
   int32_t q_shared;
+  // Pooled attention with one Q block a sequence and one query head a tile (Lq <= kBlockM, not
+  // deterministic): every sequence's dQ goes to the same accumulator rows h x dq_rows + [0, Lq),
+  // the tiles come head by head (scheduler_bwd.cuh), and a CTA sums the dQ partials of the
+  // consecutive tiles of one head in its open dQ stage, handing it to the dQ writer (one
+  // reduce-add) only when the head changes or the CTA is done.
+  int32_t pooled_dq_sum;
   // A group split over group_splits tiles (few tiles for the SMs: MQA/GQA on a few long
   // sequences): each tile writes its dK (times the scale) and dV in fp32 to its split's slot of
   // dk_partial / dv_partial [group_splits][total_kv][heads_kv][D], summed by the dK/dV

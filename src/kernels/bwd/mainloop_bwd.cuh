@@ -61,7 +61,8 @@ struct Loader {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutK{});
 
     constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
-    const int32_t total_tiles = *p.num_pairs * p.num_heads_kv * p.group_splits;
+    const int32_t num_pairs = *p.num_pairs;
+    const int32_t total_tiles = num_pairs * p.num_heads_kv * p.group_splits;
     uint32_t uses = 0;  // Q blocks loaded so far (the ring's position)
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
@@ -70,7 +71,7 @@ struct Loader {
       const bool has_tile = tile < total_tiles;
       TileInfo t{};
       if (has_tile) {
-        t = decode_tile(p, tile);
+        t = decode_tile(p, tile, num_pairs);
         smem.tile[slot] = t;
       }
       smem.has_tile[slot] = has_tile;
@@ -239,12 +240,26 @@ struct Consumer {
       if (lane == 0) EmptyBarrier::arrive(&smem.dq_full[stage]);
     };
 
+    // pooled_dq_sum: the dQ ring counts handed-over stages (flushes), not Q blocks; the open
+    // stage (if any) sums the partials of query head open_head.
+    uint32_t flushes = 0;
+    int32_t open_head = -1;
+    auto flush_open_stage = [&] {
+      if (open_head >= 0) {
+        publish_dq_stage(flushes % kDqStages);
+        ++flushes;
+        open_head = -1;
+      }
+    };
+
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
       EmptyBarrier::wait(&smem.tile_full[slot], (round / kSlots) & 1);
       if (!smem.has_tile[slot]) {
-        const uint32_t stage = uses % kDqStages;
-        wait_dq_stage(stage);
+        if (p.pooled_dq_sum) flush_open_stage();
+        const uint32_t ring = p.pooled_dq_sum ? flushes : uses;
+        const uint32_t stage = ring % kDqStages;
+        if (ring >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((ring / kDqStages) - 1) & 1);
         if (thread == 0) smem.dq_target[stage].stop = 1;
         publish_dq_stage(stage);
         return;
@@ -252,6 +267,7 @@ struct Consumer {
       // The tile is read from its slot where it is used (the slot stays valid until this tile's
       // tile_empty arrival): kept in registers across the loop, its fields spilled.
       const TileInfo& t = smem.tile[slot];
+      if (p.pooled_dq_sum && open_head != t.head_lo) flush_open_stage();
       EmptyBarrier::wait(&smem.k_full, round & 1);
       EmptyBarrier::wait(&smem.v_full, round & 1);
       clear(tDVrDV);
@@ -350,8 +366,29 @@ struct Consumer {
             __syncwarp();  // no dP GEMM of this warpgroup reads V any more
             if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
           }
-          // This block's dQ partial into the next dQ stage, with where it goes.
+          // This block's dQ partial into the next dQ stage, with where it goes; with pooled_dq_sum
+          // into the open stage (opened here with the shared rows as its target), handed over later.
           auto store_dq = [&] {
+            if (p.pooled_dq_sum) {
+              const uint32_t dq_stage = flushes % kDqStages;
+              const uint32_t stage_smem =
+                  cute::cast_smem_ptr_to_uint(smem.dq.data()) + dq_stage * kDqStageBytes;
+              if (open_head >= 0) {
+                add_dq_smem<StoreOffsets>(tDQrDQ, stage_smem, fresh_consumer_thread());
+                return;
+              }
+              if (flushes >= kDqStages)
+                EmptyBarrier::wait(&smem.dq_empty[dq_stage], ((flushes / kDqStages) - 1) & 1);
+              store_dq_smem<StoreOffsets>(tDQrDQ, stage_smem, fresh_consumer_thread());
+              if (thread == 0) {
+                DqTarget target{};
+                target.row = int64_t(h) * p.dq_rows + row0;
+                target.rows = min(kBlockM, t.len_q - row0);
+                smem.dq_target[dq_stage] = target;
+              }
+              open_head = h;
+              return;
+            }
             const uint32_t dq_stage = uses % kDqStages;
             wait_dq_stage(dq_stage);
             store_dq_smem<StoreOffsets>(

@@ -14,12 +14,16 @@ namespace jagflash::kernels::bwd {
 // deterministic mode), and every (KV head, split) of a block follows it (innermost), so for one
 // (sequence, query head) the tiles come in the plan's KV-block order: the order the
 // deterministic mode adds their dQ partials in (a tile only ever waits for tiles taken before it).
+// With pooled_dq_sum the (KV head, split) is outermost instead: tile = head_split x num_pairs +
+// position, so a CTA's consecutive tiles (the counter hands out neighbours to the CTAs in turn)
+// mostly share a query head and sum their dQ in the CTA. Every pooled tile sees the one Q block,
+// so the plan's longest-first order matters little there.
 template <class Traits>
-__device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile) {
+__device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t tile, int32_t num_pairs) {
   TileInfo t;
   const int32_t tiles_per_pair = p.num_heads_kv * p.group_splits;
-  const int32_t pos = tile / tiles_per_pair;
-  const int32_t head_split = tile - pos * tiles_per_pair;
+  const int32_t pos = p.pooled_dq_sum ? tile % num_pairs : tile / tiles_per_pair;
+  const int32_t head_split = p.pooled_dq_sum ? tile / num_pairs : tile - pos * tiles_per_pair;
   const int32_t pair = p.sorted_pairs[pos];
   t.batch = p.pair_batch[pair];
   t.n_block = p.pair_block[pair];
