@@ -132,6 +132,49 @@ def main():
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "pooled.json").write_text(json.dumps(rows, indent=1))
+        title = (f"pooled attention, gemskew B = {b} ({total_kv} keys), H = {h}, D = {d}, bf16, "
+                 f"{torch.cuda.get_device_name()}, commit {os.environ.get('JAGFLASH_COMMIT', '?')}")
+        chart(rows, title, Path(args.out) / "pooled.png")
+
+
+def chart(rows, title, path):
+    """Forward and backward time and peak memory per Lq, one bar per implementation; over the
+    jagflash bars the best peer's time (or memory) / jagflash's: the numbers issue 17's bar is about."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("pooled.py: no matplotlib, no chart")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lqs = sorted({r["Lq"] for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    width = 0.8 / len(impls)
+    for ax, key, label in zip(axes, ("fwd_us", "bwd_us", "peak_mib"),
+                              ("forward, us", "backward, us", "peak memory of fwd + bwd, MiB")):
+        for i, impl in enumerate(impls):
+            values = [next(r[key] for r in rows if r["Lq"] == lq and r["impl"] == impl) for lq in lqs]
+            xs = [x + (i - (len(impls) - 1) / 2) * width for x in range(len(lqs))]
+            ax.bar(xs, values, width, label=impl)
+            if impl == "jagflash pooled":
+                for x, lq, value in zip(xs, lqs, values):
+                    best = min(r[key] for r in rows if r["Lq"] == lq and r["impl"] != impl)
+                    ax.annotate(f"x{best / value:.2f}", (x, value), xytext=(0, 2), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(lqs)))
+        ax.set_xticklabels([f"Lq = {lq}" for lq in lqs])
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.12)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(impls), fontsize=8,
+               title="x over a jagflash bar: best peer / jagflash", title_fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

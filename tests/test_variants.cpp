@@ -104,6 +104,33 @@ TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
     }
 }
 
+// A pooled call whose query set has at most 64 rows takes the two single-warpgroup pairs (two
+// sequences a CTA, each its own keys), whatever the hint; a larger set keeps the default; a knob
+// still wins.
+TEST(ForwardVariants, SmallPooledQuerySetPicksPairs) {
+  const kernels::fwd::ForwardKnobs no_knobs;
+  for (int head_dim : {64, 128})
+    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_WINDOW}) {
+      SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
+      jf_fwd_args a = call(head_dim, mask, 256, 256 * 16);
+      for (int32_t rows : {1, 16, kernels::fwd::kPooledPairsMaxRows}) {
+        a.problem.pooled_q_rows = rows;
+        const ForwardVariant v = choose_forward_variant(a, no_knobs);
+        EXPECT_EQ(v.pairs, 2) << "Lq " << rows;
+        EXPECT_EQ(v.warpgroups, 1) << "Lq " << rows;
+        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << "Lq " << rows;
+      }
+      for (int32_t rows : {0, kernels::fwd::kPooledPairsMaxRows + 1, 200}) {
+        a.problem.pooled_q_rows = rows;
+        EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << "Lq " << rows;
+      }
+      kernels::fwd::ForwardKnobs one_pair;
+      one_pair.pairs = 1;
+      a.problem.pooled_q_rows = 16;
+      EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1);
+    }
+}
+
 // D = 256 has one kernel (32-key blocks, two warpgroups, one pair: what fits the shared memory
 // and registers): neither the max_seqlen hint nor the shape knobs may select another, for which
 // no D = 256 kernel exists. The schedule knob still applies.
