@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+
 namespace jagflash {
 namespace {
 
@@ -78,57 +80,53 @@ TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
   EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), knobs).pairs, 1);
 }
 
-// A max_seqlen hint of at most 256 (every sequence short) picks the two-pair variant at both
-// head dims and masks; a longer or unknown (0) one keeps the default; a knob still wins.
-TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
+// A rule that picks the two single-warpgroup pairs: set(a, x) for each x in `picks` gives them (one
+// warpgroup a tile, 64-key blocks at D = 128), each x in `keeps` the one-pair default, and the
+// one-pair knob wins over a picking value; at both head dims, under each of `masks`.
+template <class Set>
+void expect_pairs_rule(std::initializer_list<jf_mask> masks, int32_t batch, int64_t rows, Set set,
+                       std::initializer_list<int32_t> picks, std::initializer_list<int32_t> keeps,
+                       const char* what) {
   const kernels::fwd::ForwardKnobs no_knobs;
   for (int head_dim : {64, 128})
-    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) {
+    for (jf_mask mask : masks) {
       SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
-      jf_fwd_args a = call(head_dim, mask, 2048, 2048 * 136);
-      for (int32_t hint : {1, 136, kernels::fwd::kPairsMaxSeqlen}) {
-        a.launch.max_seqlen_hint = hint;
+      jf_fwd_args a = call(head_dim, mask, batch, rows);
+      for (int32_t x : picks) {
+        set(a, x);
         const ForwardVariant v = choose_forward_variant(a, no_knobs);
-        EXPECT_EQ(v.pairs, 2) << "hint " << hint;
-        EXPECT_EQ(v.warpgroups, 1) << "hint " << hint;
-        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << "hint " << hint;
+        EXPECT_EQ(v.pairs, 2) << what << " " << x;
+        EXPECT_EQ(v.warpgroups, 1) << what << " " << x;
+        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << what << " " << x;
       }
-      for (int32_t hint : {0, kernels::fwd::kPairsMaxSeqlen + 1, 16384}) {
-        a.launch.max_seqlen_hint = hint;
-        EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << "hint " << hint;
+      for (int32_t x : keeps) {
+        set(a, x);
+        EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << what << " " << x;
       }
       kernels::fwd::ForwardKnobs one_pair;
       one_pair.pairs = 1;
-      a.launch.max_seqlen_hint = 100;
-      EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1);
+      set(a, *picks.begin());
+      EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1) << what << " " << *picks.begin();
     }
+}
+
+// A max_seqlen hint of at most 256 (every sequence short) picks the two-pair variant at both
+// head dims and masks; a longer or unknown (0) one keeps the default; a knob still wins.
+TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
+  expect_pairs_rule(
+      {JF_MASK_NONE, JF_MASK_CAUSAL}, 2048, 2048 * 136,
+      [](jf_fwd_args& a, int32_t hint) { a.launch.max_seqlen_hint = hint; },
+      {100, 1, 136, kernels::fwd::kPairsMaxSeqlen}, {0, kernels::fwd::kPairsMaxSeqlen + 1, 16384}, "hint");
 }
 
 // A pooled call whose query set has at most 64 rows takes the two single-warpgroup pairs (two
 // sequences a CTA, each its own keys), whatever the hint; a larger set keeps the default; a knob
 // still wins.
 TEST(ForwardVariants, SmallPooledQuerySetPicksPairs) {
-  const kernels::fwd::ForwardKnobs no_knobs;
-  for (int head_dim : {64, 128})
-    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_WINDOW}) {
-      SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
-      jf_fwd_args a = call(head_dim, mask, 256, 256 * 16);
-      for (int32_t rows : {1, 16, kernels::fwd::kPooledPairsMaxRows}) {
-        a.problem.pooled_q_rows = rows;
-        const ForwardVariant v = choose_forward_variant(a, no_knobs);
-        EXPECT_EQ(v.pairs, 2) << "Lq " << rows;
-        EXPECT_EQ(v.warpgroups, 1) << "Lq " << rows;
-        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << "Lq " << rows;
-      }
-      for (int32_t rows : {0, kernels::fwd::kPooledPairsMaxRows + 1, 200}) {
-        a.problem.pooled_q_rows = rows;
-        EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << "Lq " << rows;
-      }
-      kernels::fwd::ForwardKnobs one_pair;
-      one_pair.pairs = 1;
-      a.problem.pooled_q_rows = 16;
-      EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1);
-    }
+  expect_pairs_rule(
+      {JF_MASK_NONE, JF_MASK_WINDOW}, 256, 256 * 16,
+      [](jf_fwd_args& a, int32_t rows) { a.problem.pooled_q_rows = rows; },
+      {16, 1, kernels::fwd::kPooledPairsMaxRows}, {0, kernels::fwd::kPooledPairsMaxRows + 1, 200}, "Lq");
 }
 
 // D = 256 has one kernel (32-key blocks, two warpgroups, one pair: what fits the shared memory

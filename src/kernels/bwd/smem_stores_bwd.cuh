@@ -75,32 +75,36 @@ __device__ __forceinline__ void store_ds_smem(const Fragment& ds_frag, uint32_t 
                 regs[4 * i + 3]);
 }
 
-// dQ partial fragment (fp32, value (col, row half, 8-column group)) to the dQ stage at shared
-// address `dq_stage`.
-template <class Offsets, class Fragment>
-__device__ __forceinline__ void store_dq_smem(const Fragment& dq_frag, uint32_t dq_stage, int thread) {
-#pragma unroll
-  for (int j = 0; j < Offsets::kDqGroups; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      st_shared_v2(dq_stage + Offsets::dq_pair(thread, j, h), dq_frag(4 * j + 2 * h),
-                   dq_frag(4 * j + 2 * h + 1));
-}
-// The same fragment added into the dQ stage (pooled_dq_sum: a CTA's partials of one query head
-// summed in its open stage). A thread reads and writes only its own fragment's addresses, the
-// ones it stored at the stage's first use: no barrier between the additions.
 __device__ __forceinline__ void add_shared_v2(uint32_t addr, float a, float b) {
   float x, y;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr) : "memory");
   st_shared_v2(addr, x + a, y + b);
 }
-template <class Offsets, class Fragment>
-__device__ __forceinline__ void add_dq_smem(const Fragment& dq_frag, uint32_t dq_stage, int thread) {
+
+// op(shared address, value, next value) for each column pair of a dQ partial fragment (fp32,
+// value (col, row half, 8-column group)) in the dQ stage at shared address `dq_stage`.
+template <class Offsets, class Fragment, class PairOp>
+__device__ __forceinline__ void for_each_dq_pair(const Fragment& dq_frag, uint32_t dq_stage, int thread,
+                                                 PairOp op) {
 #pragma unroll
   for (int j = 0; j < Offsets::kDqGroups; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      add_shared_v2(dq_stage + Offsets::dq_pair(thread, j, h), dq_frag(4 * j + 2 * h),
-                    dq_frag(4 * j + 2 * h + 1));
+      op(dq_stage + Offsets::dq_pair(thread, j, h), dq_frag(4 * j + 2 * h), dq_frag(4 * j + 2 * h + 1));
+}
+
+// The fragment stored into the dQ stage.
+template <class Offsets, class Fragment>
+__device__ __forceinline__ void store_dq_smem(const Fragment& dq_frag, uint32_t dq_stage, int thread) {
+  for_each_dq_pair<Offsets>(dq_frag, dq_stage, thread,
+                            [](uint32_t a, float x, float y) { st_shared_v2(a, x, y); });
+}
+// The fragment added into the dQ stage (pooled_dq_sum: a CTA's partials of one query head summed
+// in its open stage). A thread reads and writes only its own fragment's addresses, the ones it
+// stored at the stage's first use: no barrier between the additions.
+template <class Offsets, class Fragment>
+__device__ __forceinline__ void add_dq_smem(const Fragment& dq_frag, uint32_t dq_stage, int thread) {
+  for_each_dq_pair<Offsets>(dq_frag, dq_stage, thread,
+                            [](uint32_t a, float x, float y) { add_shared_v2(a, x, y); });
 }
 }  // namespace jagflash::kernels::bwd
