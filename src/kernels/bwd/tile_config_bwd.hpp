@@ -34,9 +34,12 @@ struct TileConfig {
 
   // setmaxnreg: the producer warpgroup (one loading thread, one dQ-writer thread) keeps 24, the
   // consumers get 240: 24 x 128 + 240 x 256 = 168 x 384, the pool the CTA starts with (the
-  // launch bound's 168 registers a thread). A request past the pool never completes.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // launch bound's 168 registers a thread). A request past the pool never completes. At D = 64
+  // the consumers' dK/dV accumulators are half as large: 72 / 216 ends the loader's spills (476
+  // bytes of stores at 24, 0 at 72; the consumers stay free of local memory, check_sass); at
+  // D = 128, 32 / 232 makes ptxas serialise the consumers' wgmmas and spill them.
+  static constexpr int kProducerRegisters = kHeadDim == 64 ? 72 : 24;
+  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : 240;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward serves head dims 64 and 128");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 168 * kThreads,
