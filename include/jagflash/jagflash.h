@@ -122,8 +122,11 @@ typedef struct jf_problem {
    * window (JF_MASK_WINDOW) are what pooling uses; causal is served too. A sequence of length 0
    * gets out = 0, lse = -inf and contributes no gradient. B*Lq must fit in int32 (2^31-1).
    * The Hopper kernels serve pooled calls as they serve the others (each sequence's query block
-   * loaded from q's first row, so a sequence still fills its own tiles: Lq = 16 uses 16 of a
-   * 64/128-row tile); the workspace then also holds the offsets b * Lq. */
+   * loaded from q's first row; a sequence takes its own tiles, 64 rows a warpgroup, two sequences
+   * a CTA in the forward when Lq <= 64); with Lq <= 64 and launch.deterministic = 0 the backward
+   * sums the sequences' dq inside each CTA, in an order that may vary between calls (dk, dv stay
+   * bitwise repeatable; deterministic mode sums each row's sequences in order). The workspace then
+   * also holds the offsets b * Lq. */
   int32_t pooled_q_rows;
 } jf_problem;
 
