@@ -1,10 +1,16 @@
 // The backward's hand-written shared-memory stores (kernels/bwd/smem_stores_bwd.cuh) put every
 // element where CuTe's layouts of the same buffers say it is: dS for the dQ GEMM's A operand
-// (stmatrix, emulated here lane by lane) and the fp32 dQ partial for the TMA reduce-add.
+// (stmatrix, emulated here lane by lane) and the fp32 dQ partial for the TMA reduce-add. And the
+// epilogue's dK/dV staging (kernels/bwd/epilogue_bwd.cuh) stays inside each warpgroup's own keys'
+// dS bytes, one slot per element, without bank conflicts.
+#include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
+#include "kernels/common/accumulator.cuh"
 
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace {
 
@@ -76,6 +82,64 @@ void expect_dq_stores_match_cute() {
   for (int s = 0; s < Config::kDqStages; ++s)
     EXPECT_EQ(smem_byte_offset<float>(dq_layout, 3, 9, s),
               s * kBlockM * kHeadDim * sizeof(float) + smem_byte_offset<float>(dq_layout, 3, 9, 0));
+}
+
+// The dK/dV staging of a warpgroup: every (key, 16-byte chunk) of its 64 keys x D has its own
+// slot, inside the bytes the dS layout gives that warpgroup's keys in the two buffers (which only
+// it writes, so a warpgroup barrier suffices between the staging and the next tile's dS); a
+// warp's accumulator store (8 keys x 4 lanes x 4 bytes) hits 32 distinct banks, and each quarter
+// warp's 16-byte row reads hit 8 distinct 16-byte bank groups.
+template <class Config>
+void expect_dkv_staging_conflict_free() {
+  using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
+  using Element = typename Config::Element;
+  using Staging = jagflash::kernels::bwd::DkvStaging<Config::kHeadDim, int(sizeof(Element))>;
+  constexpr int kBlockM = Config::kBlockM;
+  typename Traits::SmemLayoutDs ds_layout;
+  for (int wg = 0; wg < 2; ++wg) {
+    std::set<uint32_t> own;  // the dS bytes of the warpgroup's keys, both buffers
+    for (int b = 0; b < Config::kDsBuffers; ++b)
+      for (int key = 64 * wg; key < 64 * wg + 64; ++key)
+        for (int row = 0; row < kBlockM; ++row)
+          for (int byte = 0; byte < int(sizeof(Element)); ++byte)
+            own.insert(smem_byte_offset<Element>(ds_layout, row, key, b) + byte);
+    std::set<uint32_t> slots;
+    for (int key = 0; key < 64; ++key)
+      for (int chunk = 0; chunk < Staging::kChunks; ++chunk) {
+        const uint32_t at = Staging::offset(wg, key, chunk);
+        ASSERT_EQ(at % 16, 0u);
+        ASSERT_TRUE(slots.insert(at).second) << "wg " << wg << " key " << key << " chunk " << chunk;
+        for (uint32_t byte = 0; byte < 16; ++byte)
+          ASSERT_TRUE(own.count(at + byte)) << "wg " << wg << " key " << key << " chunk " << chunk;
+      }
+    // D = 128 fills both buffers' bytes of its keys; D = 64 (64 keys x 128 bytes) half of them.
+    ASSERT_EQ(slots.size() * 16 * (256 / Staging::kRowBytes), own.size());
+    // Stores: warp w of the warpgroup, accumulator row r (keys l/4 and l/4 + 8), column pair c.
+    for (int warp = 0; warp < 4; ++warp)
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < Config::kHeadDim / 4; c += 2) {
+          std::set<uint32_t> banks;
+          for (int lane = 0; lane < 32; ++lane) {
+            const jagflash::kernels::common::AccumulatorCoords coords(128 * wg + 32 * warp + lane);
+            const int key = coords.row(r) - 64 * wg, col = coords.col(c);
+            const uint32_t at = Staging::offset(wg, key, col / 8) + (col % 8) * sizeof(Element);
+            banks.insert(at / 4 % 32);
+          }
+          EXPECT_EQ(banks.size(), 32u) << "wg " << wg << " warp " << warp << " r " << r << " c " << c;
+        }
+    // Reads: thread idx of the warpgroup takes (key, chunk) = divmod(idx, kChunks).
+    for (int idx0 = 0; idx0 < 64 * Staging::kChunks; idx0 += 8) {
+      std::set<uint32_t> groups;
+      for (int idx = idx0; idx < idx0 + 8; ++idx)
+        groups.insert(Staging::offset(wg, idx / Staging::kChunks, idx % Staging::kChunks) / 16 % 8);
+      EXPECT_EQ(groups.size(), 8u) << "wg " << wg << " first thread " << idx0;
+    }
+  }
+}
+
+TEST(BackwardSmemStores, DkvStagingStaysInOwnKeysWithoutConflicts) {
+  expect_dkv_staging_conflict_free<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 128>>();
+  expect_dkv_staging_conflict_free<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 64>>();
 }
 
 TEST(BackwardSmemStores, DsStmatrixMatchesCuteLayout) {

@@ -25,7 +25,7 @@ struct DkvStaging {
   static constexpr uint32_t kBufferBytes = 16 * 1024;  // one dS buffer (64 rows x 128 keys)
   static_assert(64 * kRowBytes <= 2 * kStageHalf && kStageHalf % kRowBytes == 0, "a warpgroup's keys fit");
   // Byte offset of (key, 16-byte chunk) from the dS buffers' base, for warpgroup `wg`.
-  static __device__ __forceinline__ uint32_t offset(int wg, int key, int chunk) {
+  static __host__ __device__ __forceinline__ uint32_t offset(int wg, int key, int chunk) {
     const uint32_t linear = static_cast<uint32_t>(key * kRowBytes);
     const uint32_t half = linear / kStageHalf;
     return half * kBufferBytes + wg * kStageHalf + linear % kStageHalf +
