@@ -25,19 +25,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Unit roundoff of each storage type. The reference rounds double -> float -> storage, which adds
-// at most the float roundoff 2^-24 on top.
-double unit_roundoff(jf_dtype dtype) {
-  switch (dtype) {
-    case JF_BF16:
-      return std::ldexp(1.0, -8);
-    case JF_FP16:
-      return std::ldexp(1.0, -11);
-    case JF_FP32:
-      return std::ldexp(1.0, -24);
-  }
-  return 0.0;
-}
+// unit_roundoff (testing/host_batch.hpp) of each storage type: the reference rounds double ->
+// float -> storage, which adds at most the float roundoff 2^-24 on top.
 
 // Relative L2 tolerance on the forward output: fp32 leaves only the final rounding; bf16 and fp16
 // are compared with a naive result computed from the same rounded inputs, so only the output
@@ -574,10 +563,8 @@ TEST(ReferenceViews, WritesOnlyInsideStrides) {
     HostTensor out = make_tensor(dtype, batch.total_q(), kH, kD, 8, 3);
     out.fill(kSentinel);
     std::vector<float> lse(static_cast<size_t>(kH * batch.total_q()), static_cast<float>(kSentinel));
-    jf_fwd_args fwd{};
-    fwd.problem = make_problem(batch, m.mask, m.window_left, m.window_right);
-    fwd.out = out.view();
-    fwd.lse = lse.data();
+    jf_fwd_args fwd =
+        forward_args(make_problem(batch, m.mask, m.window_left, m.window_right), out, lse.data());
     reference::forward(fwd);
     expect_written_only_in_view(out, "out");
     for (float x : lse) EXPECT_NE(x, static_cast<float>(kSentinel)) << "lse entry not written";
@@ -594,14 +581,7 @@ TEST(ReferenceViews, WritesOnlyInsideStrides) {
     HostTensor dk = make_tensor(dtype, batch.total_kv(), kHkv, kD, 8, 3);
     HostTensor dv = make_tensor(dtype, batch.total_kv(), kHkv, kD, 5, 1);
     for (HostTensor* t : {&dq, &dk, &dv}) t->fill(kSentinel);
-    jf_bwd_args bwd{};
-    bwd.problem = fwd.problem;
-    bwd.out = out.view();
-    bwd.dout = dout.view();
-    bwd.lse = lse.data();
-    bwd.dq = dq.view();
-    bwd.dk = dk.view();
-    bwd.dv = dv.view();
+    jf_bwd_args bwd = backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
     reference::backward(bwd);
     expect_written_only_in_view(dq, "dq");
     expect_written_only_in_view(dk, "dk");

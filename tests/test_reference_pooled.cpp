@@ -27,18 +27,6 @@ namespace {
 constexpr double kSentinel = 777.0;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-double unit_roundoff(jf_dtype dtype) {
-  switch (dtype) {
-    case JF_BF16:
-      return std::ldexp(1.0, -8);
-    case JF_FP16:
-      return std::ldexp(1.0, -11);
-    case JF_FP32:
-      return std::ldexp(1.0, -24);
-  }
-  return 0.0;
-}
-
 // fp16 subnormals are 2^-24 apart; 1e-12 absorbs float64 summation order.
 double abs_slack(jf_dtype dtype) { return (dtype == JF_FP16 ? std::ldexp(1.0, -24) : 0.0) + 1e-12; }
 
@@ -91,28 +79,10 @@ struct PooledCall {
     for (HostTensor* t : {&out, &dq, &dk, &dv}) t->fill(kSentinel);
     lse.assign(static_cast<size_t>(c.H * rows), static_cast<float>(kSentinel));
 
-    jf_problem& p = fwd.problem;
-    p.dtype = c.dtype;
-    p.device = JF_DEVICE_CPU;
-    p.batch_size = B;
-    p.q_offsets = nullptr;
-    p.kv_offsets = kv_offsets.data();
-    p.q = q.view();
-    p.k = k.view();
-    p.v = v.view();
-    p.mask = c.mask;
-    p.window_left = c.window_left;
-    p.window_right = c.window_right;
-    p.pooled_q_rows = c.lq;
-    fwd.out = out.view();
-    fwd.lse = lse.data();
-    bwd.problem = p;
-    bwd.out = out.view();
-    bwd.dout = dout.view();
-    bwd.lse = lse.data();
-    bwd.dq = dq.view();
-    bwd.dk = dk.view();
-    bwd.dv = dv.view();
+    fwd = forward_args(
+        make_problem(c.dtype, nullptr, kv_offsets, q, k, v, c.mask, c.window_left, c.window_right, c.lq), out,
+        lse.data());
+    bwd = backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
   }
 };
 
@@ -139,30 +109,11 @@ Repeated run_repeated(const PooledCall& pc) {
   Repeated r{make_tensor(JF_FP32, rows, c.H, c.D), make_tensor(JF_FP32, rows, c.H, c.D),
              make_tensor(JF_FP32, k.rows, c.H_kv, c.D), make_tensor(JF_FP32, k.rows, c.H_kv, c.D),
              std::vector<float>(static_cast<size_t>(c.H * rows))};
-  jf_fwd_args fwd{};
-  jf_problem& p = fwd.problem;
-  p.dtype = JF_FP32;
-  p.device = JF_DEVICE_CPU;
-  p.batch_size = B;
-  p.q_offsets = q_offsets.data();
-  p.kv_offsets = kv_offsets.data();
-  p.q = q_rep.view();
-  p.k = k.view();
-  p.v = v.view();
-  p.mask = c.mask;
-  p.window_left = c.window_left;
-  p.window_right = c.window_right;
-  fwd.out = r.out.view();
-  fwd.lse = r.lse.data();
+  const jf_fwd_args fwd = forward_args(
+      make_problem(JF_FP32, q_offsets.data(), kv_offsets, q_rep, k, v, c.mask, c.window_left, c.window_right),
+      r.out, r.lse.data());
   EXPECT_EQ(jagflash_fwd(&fwd), JF_OK) << jagflash_last_error();
-  jf_bwd_args bwd{};
-  bwd.problem = p;
-  bwd.out = r.out.view();
-  bwd.dout = dout.view();
-  bwd.lse = r.lse.data();
-  bwd.dq = r.dq_rows.view();
-  bwd.dk = r.dk.view();
-  bwd.dv = r.dv.view();
+  const jf_bwd_args bwd = backward_args(fwd.problem, r.out, dout, r.lse.data(), r.dq_rows, r.dk, r.dv);
   EXPECT_EQ(jagflash_bwd(&bwd), JF_OK) << jagflash_last_error();
   return r;
 }

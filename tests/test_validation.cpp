@@ -41,16 +41,8 @@ struct Call {
     std::mt19937_64 rng(9);
     dout.fill_random(rng);
     lse.assign(static_cast<size_t>(4 * tq), static_cast<float>(kSentinel));
-    fwd.problem = test::make_problem(batch, JF_MASK_NONE, -1, -1);
-    fwd.out = out.view();
-    fwd.lse = lse.data();
-    bwd.problem = fwd.problem;
-    bwd.out = out.view();
-    bwd.dout = dout.view();
-    bwd.lse = lse.data();
-    bwd.dq = dq.view();
-    bwd.dk = dk.view();
-    bwd.dv = dv.view();
+    fwd = test::forward_args(test::make_problem(batch, JF_MASK_NONE, -1, -1), out, lse.data());
+    bwd = test::backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
   }
 
   bool outputs_untouched() const {

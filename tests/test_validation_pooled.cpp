@@ -42,27 +42,10 @@ struct PooledCall {
     dv = test::make_tensor(JF_BF16, 11, kHkv, kD);
     for (test::HostTensor* t : {&out, &dq, &dk, &dv}) t->fill(kSentinel);
     lse.assign(static_cast<size_t>(kH * kRows), static_cast<float>(kSentinel));
-    jf_problem& p = fwd.problem;
-    p.dtype = JF_BF16;
-    p.device = JF_DEVICE_CPU;
-    p.batch_size = kB;
-    p.q_offsets = nullptr;
-    p.kv_offsets = kv_offsets.data();
-    p.q = q.view();
-    p.k = k.view();
-    p.v = v.view();
-    p.mask = JF_MASK_NONE;
-    p.window_left = p.window_right = -1;
-    p.pooled_q_rows = kLq;
-    fwd.out = out.view();
-    fwd.lse = lse.data();
-    bwd.problem = p;
-    bwd.out = out.view();
-    bwd.dout = dout.view();
-    bwd.lse = lse.data();
-    bwd.dq = dq.view();
-    bwd.dk = dk.view();
-    bwd.dv = dv.view();
+    fwd = test::forward_args(
+        test::make_problem(JF_BF16, nullptr, kv_offsets, q, k, v, JF_MASK_NONE, -1, -1, kLq), out,
+        lse.data());
+    bwd = test::backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
   }
 
   bool outputs_untouched() const {

@@ -133,23 +133,70 @@ inline HostBatch make_random_batch(const std::vector<int32_t>& len_q, const std:
   return batch;
 }
 
-// Points into `batch`, which must outlive the problem.
-inline jf_problem make_problem(HostBatch& batch, jf_mask mask, int window_left, int window_right,
-                               float scale = 0.0f) {
+// The problem over these inputs, which must outlive it: ordinary with q_offsets, or pooled with
+// pooled_q_rows = Lq > 0 and q_offsets null. The batch size is kv_offsets' length - 1.
+inline jf_problem make_problem(jf_dtype dtype, const int32_t* q_offsets,
+                               const std::vector<int32_t>& kv_offsets, HostTensor& q, HostTensor& k,
+                               HostTensor& v, jf_mask mask, int window_left, int window_right,
+                               int32_t pooled_q_rows = 0, float scale = 0.0f) {
   jf_problem p{};
-  p.dtype = batch.dtype;
+  p.dtype = dtype;
   p.device = JF_DEVICE_CPU;
-  p.batch_size = batch.batch_size();
-  p.q_offsets = batch.q_offsets.data();
-  p.kv_offsets = batch.kv_offsets.data();
-  p.q = batch.q.view();
-  p.k = batch.k.view();
-  p.v = batch.v.view();
+  p.batch_size = static_cast<int32_t>(kv_offsets.size()) - 1;
+  p.q_offsets = q_offsets;
+  p.kv_offsets = kv_offsets.data();
+  p.q = q.view();
+  p.k = k.view();
+  p.v = v.view();
   p.mask = mask;
   p.window_left = window_left;
   p.window_right = window_right;
   p.scale = scale;
+  p.pooled_q_rows = pooled_q_rows;
   return p;
+}
+
+// Points into `batch`, which must outlive the problem.
+inline jf_problem make_problem(HostBatch& batch, jf_mask mask, int window_left, int window_right,
+                               float scale = 0.0f) {
+  jf_problem p = make_problem(batch.dtype, batch.q_offsets.data(), batch.kv_offsets, batch.q, batch.k,
+                              batch.v, mask, window_left, window_right, 0, scale);
+  p.batch_size = batch.batch_size();
+  return p;
+}
+
+// A call's arguments over `problem` and these buffers (which must outlive them).
+inline jf_fwd_args forward_args(const jf_problem& problem, HostTensor& out, float* lse) {
+  jf_fwd_args a{};
+  a.problem = problem;
+  a.out = out.view();
+  a.lse = lse;
+  return a;
+}
+inline jf_bwd_args backward_args(const jf_problem& problem, HostTensor& out, HostTensor& dout, float* lse,
+                                 HostTensor& dq, HostTensor& dk, HostTensor& dv) {
+  jf_bwd_args a{};
+  a.problem = problem;
+  a.out = out.view();
+  a.dout = dout.view();
+  a.lse = lse;
+  a.dq = dq.view();
+  a.dk = dk.view();
+  a.dv = dv.view();
+  return a;
+}
+
+// The unit roundoff of a storage dtype (half an ulp of 1).
+inline double unit_roundoff(jf_dtype dtype) {
+  switch (dtype) {
+    case JF_BF16:
+      return std::ldexp(1.0, -8);
+    case JF_FP16:
+      return std::ldexp(1.0, -11);
+    case JF_FP32:
+      return std::ldexp(1.0, -24);
+  }
+  return 0.0;
 }
 
 namespace detail {

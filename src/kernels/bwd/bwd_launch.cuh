@@ -69,11 +69,14 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   // Pooled attention summed inside the CTAs (Params::pooled_dq_sum): one Q block a sequence, one
   // query head a tile, and the deterministic mode's fixed order not asked for.
   const int32_t group = pb.k.heads > 0 ? heads / pb.k.heads : 1;
-  // JAGFLASH_BWD_POOLED_SUM=0 (benchmark knob, read at every call) keeps the per-sequence rows.
-  const char* sum_knob = std::getenv("JAGFLASH_BWD_POOLED_SUM");
+  // JAGFLASH_BWD_POOLED_SUM=0 (benchmark knob, read by the pooled calls it could apply to)
+  // keeps the per-sequence rows.
+  auto sum_knob_off = [] {
+    const char* v = std::getenv("JAGFLASH_BWD_POOLED_SUM");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  };
   const bool pooled_dq_sum = pb.pooled_q_rows > 0 && pb.pooled_q_rows <= Config::kBlockM &&
-                             launch.dq_sems == nullptr && group == launch.group_splits &&
-                             !(sum_knob != nullptr && std::strcmp(sum_knob, "0") == 0);
+                             launch.dq_sems == nullptr && group == launch.group_splits && !sum_knob_off();
   // The accumulator starts at zero (with pooled_dq_sum only its first Q block of rows a head is
   // used); the semaphores too (deterministic mode).
   const size_t head_pitch = static_cast<size_t>(launch.dq_rows) * kHeadDim * sizeof(float);
