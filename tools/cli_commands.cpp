@@ -30,7 +30,42 @@ using testing::GpuBatch;
 // The sample of `run` and the CPU batch stay small enough for the float64 reference.
 constexpr int kSampleSequences = 6;
 constexpr int32_t kSampleMaxLength = 512;
-constexpr int kCpuBatch = 12;  // the first sequences of gemskew, lengths divided by --scale-down
+constexpr int kCpuBatch = 12;    // run on the CPU: the first sequences of the batch, lengths / --scale-down
+constexpr int kCheckBatch = 64;  // check's oracle-vs-reference comparison: likewise
+
+const std::string& run_distribution(const Options& o) {
+  static const std::string kDefault = "gemskew";
+  return o.distributions.empty() ? kDefault : o.distributions.front();
+}
+
+// Why `run` takes the CPU reference path, or nullptr when it runs on the GPU.
+const char* cpu_reason(const Options& o) {
+  if (o.cpu) return "--cpu given";
+  if (jagflash_cuda_device_count() == 0) return "no CUDA device found";
+  return nullptr;
+}
+
+// The first `count` lengths of `name`, each divided by `scale_down` (at least 1).
+std::vector<int32_t> scaled_down(const std::string& name, uint64_t seed, size_t count, int scale_down) {
+  std::vector<int32_t> lengths = gen::generate_lengths(name, seed);
+  if (lengths.size() > count) lengths.resize(count);
+  for (int32_t& l : lengths) l = std::max(1, l / scale_down);
+  return lengths;
+}
+
+// A --scale-down that leaves every sequence one token long checks nothing: each query sees one
+// key, its softmax is 1 and out is v whatever q and k are.
+void require_longer_than_one(const Options& o, const std::string& name, size_t count, const char* batch) {
+  const int k = o.scale_down.value_or(kDefaultScaleDown);
+  const std::vector<int32_t> full = scaled_down(name, o.seed, count, 1);
+  const int32_t longest = *std::max_element(full.begin(), full.end());
+  if (longest / k >= 2 || longest < 2) return;
+  throw std::invalid_argument("--scale-down: " + std::to_string(k) + " leaves every sequence of " + batch +
+                              " one token long (" + name + "'s first " + std::to_string(full.size()) +
+                              " sequences, the longest " + std::to_string(longest) +
+                              " tokens), which checks nothing; expected at most " +
+                              std::to_string(longest / 2));
+}
 
 jf_dtype dtype_of(const std::string& s) { return s == "fp16" ? JF_FP16 : s == "fp32" ? JF_FP32 : JF_BF16; }
 
@@ -92,7 +127,10 @@ std::vector<int32_t> pick_sample(const std::vector<int32_t>& lengths, uint64_t s
   std::vector<int32_t> eligible;
   for (int32_t b = 0; b < static_cast<int32_t>(lengths.size()); ++b)
     if (lengths[b] <= kSampleMaxLength) eligible.push_back(b);
-  if (eligible.empty()) return {};
+  // Every sequence longer (uniform1k): the shortest one, so the check still checks something.
+  if (eligible.empty())
+    eligible.push_back(
+        static_cast<int32_t>(std::min_element(lengths.begin(), lengths.end()) - lengths.begin()));
   std::vector<int32_t> sample;
   auto add = [&](int32_t b) {
     if (std::find(sample.begin(), sample.end(), b) == sample.end()) sample.push_back(b);
@@ -124,16 +162,19 @@ bool report_sample(const testing::SampleCheck& c, jf_dtype dtype, bool with_back
 }
 
 int run_gpu(const Options& o) {
-  const std::vector<int32_t> lengths = gen::generate_lengths("gemskew", o.seed);
+  const std::string& name = run_distribution(o);
+  const std::vector<int32_t> lengths = gen::generate_lengths(name, o.seed);
   GpuBatch g = testing::make_gpu_batch(spec_for(o, lengths));
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
   const jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-  std::printf("jagflash %s run on the GPU: gemskew B=%zu tokens=%lld H=%d H_kv=%d D=%d %s mask=%s\n",
-              jagflash_version(), lengths.size(), static_cast<long long>(g.total_q()), o.heads, o.heads_kv,
-              o.head_dim, o.dtype.c_str(), mask_label(g.spec).c_str());
-  const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
-  const double bwd_ms = median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+  std::printf("jagflash %s run on the GPU: %s B=%zu tokens=%lld H=%d H_kv=%d D=%d %s mask=%s\n",
+              jagflash_version(), name.c_str(), lengths.size(), static_cast<long long>(g.total_q()), o.heads,
+              o.heads_kv, o.head_dim, o.dtype.c_str(), mask_label(g.spec).c_str());
+  const int warmup = o.warmup.value_or(kGpuWarmup), iters = o.iters.value_or(kGpuIters);
+  const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, warmup, iters);
+  const double bwd_ms = median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, warmup, iters);
   const double flops = g.forward_flops();
+  std::printf("median of %d after %d warm-up\n", iters, warmup);
   std::printf("forward  %9.3f ms  %8.2f TFLOP/s\n", fwd_ms, flops / fwd_ms * 1e-9);
   std::printf("backward %9.3f ms  %8.2f TFLOP/s (2.5x forward FLOPs)\n", bwd_ms, 2.5 * flops / bwd_ms * 1e-9);
 
@@ -169,6 +210,19 @@ test::HostTensor converted(const test::HostTensor& t, jf_dtype dtype) {
   return c;
 }
 
+// Median wall time of fn's runs after warm-up.
+double median_host_ms(const std::function<void()>& fn, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // One reference forward and backward on h, outputs in h's dtype, with their times.
 struct HostRun {
   test::HostTensor out, dq, dk, dv;
@@ -176,7 +230,10 @@ struct HostRun {
   double fwd_ms = 0, bwd_ms = 0;
 };
 
-HostRun reference_run(test::HostBatch& h, const BatchSpec& s, test::HostTensor& dout) {
+// Each direction timed over `iters` runs after `warmup` (the reference is deterministic: every run
+// writes the same outputs).
+HostRun reference_run(test::HostBatch& h, const BatchSpec& s, test::HostTensor& dout, int warmup = 0,
+                      int iters = 1) {
   HostRun run;
   run.out = test::make_tensor(h.dtype, h.total_q(), h.H, h.D);
   run.dq = test::make_tensor(h.dtype, h.total_q(), h.H, h.D);
@@ -195,25 +252,20 @@ HostRun reference_run(test::HostBatch& h, const BatchSpec& s, test::HostTensor& 
   ba.dq = run.dq.view();
   ba.dk = run.dk.view();
   ba.dv = run.dv.view();
-  const auto t0 = std::chrono::steady_clock::now();
-  check(jagflash_fwd(&fa), "reference forward");
-  const auto t1 = std::chrono::steady_clock::now();
-  check(jagflash_bwd(&ba), "reference backward");
-  const auto t2 = std::chrono::steady_clock::now();
-  run.fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-  run.bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  run.fwd_ms = median_host_ms([&] { check(jagflash_fwd(&fa), "reference forward"); }, warmup, iters);
+  run.bwd_ms = median_host_ms([&] { check(jagflash_bwd(&ba), "reference backward"); }, warmup, iters);
   return run;
 }
 
 int run_cpu(const Options& o, const char* why) {
-  std::vector<int32_t> lengths = gen::generate_lengths("gemskew", o.seed);
-  lengths.resize(kCpuBatch);
-  for (int32_t& l : lengths) l = std::max(1, l / o.scale_down);
+  const std::string& name = run_distribution(o);
+  const int scale_down = o.scale_down.value_or(kDefaultScaleDown);
+  const std::vector<int32_t> lengths = scaled_down(name, o.seed, kCpuBatch, scale_down);
   const BatchSpec s = spec_for(o, lengths);
   std::printf(
-      "jagflash %s run on the CPU reference (%s): scaled-down gemskew (first %d sequences, lengths / %d, "
+      "jagflash %s run on the CPU reference (%s): scaled-down %s (first %zu sequences, lengths / %d, "
       "%lld tokens), H=%d H_kv=%d D=%d %s mask=%s\n",
-      jagflash_version(), why, kCpuBatch, o.scale_down,
+      jagflash_version(), why, name.c_str(), lengths.size(), scale_down,
       static_cast<long long>(test::offsets_from_lengths(lengths).back()), s.heads, s.heads_kv, s.head_dim,
       o.dtype.c_str(), mask_label(s).c_str());
   test::HostBatch h =
@@ -222,7 +274,9 @@ int run_cpu(const Options& o, const char* why) {
   // make_random_batch draws from U(-1, 1): q, k, v and dout are drawn again from --input-range's.
   std::mt19937_64 rng(o.seed + 7);
   for (test::HostTensor* t : {&h.q, &h.k, &h.v, &dout}) t->fill_random(rng, -o.input_range, o.input_range);
-  const HostRun got = reference_run(h, s, dout);
+  const int warmup = o.warmup.value_or(kCpuWarmup), iters = o.iters.value_or(kCpuIters);
+  const HostRun got = reference_run(h, s, dout, warmup, iters);
+  std::printf("median of %d after %d warm-up\n", iters, warmup);
   std::printf("forward  %9.3f ms (CPU, float64)\nbackward %9.3f ms (CPU, float64)\n", got.fwd_ms, got.bwd_ms);
 
   // The finite differences below need fp32 inputs (bf16's 8 bits would round the step itself). A
@@ -303,10 +357,32 @@ int run_cpu(const Options& o, const char* why) {
 
 }  // namespace
 
+void validate(const Options& o) {
+  if (o.command == "run") {
+    if (o.distributions.size() > 1) {
+      std::string names;
+      for (const std::string& n : o.distributions) names += (names.empty() ? "" : ",") + n;
+      throw std::invalid_argument("--dist: run takes one distribution, got " +
+                                  std::to_string(o.distributions.size()) + " (" + names + ")");
+    }
+    if (cpu_reason(o) == nullptr) {
+      if (o.scale_down)
+        throw std::invalid_argument(
+            "--scale-down: applies to run on the CPU reference (--cpu, or no CUDA device); this run is on "
+            "the GPU, on the full batch");
+    } else {
+      require_longer_than_one(o, run_distribution(o), kCpuBatch, "the CPU reference's batch");
+    }
+  } else if (o.command == "check") {
+    for (const std::string& name :
+         o.distributions.empty() ? std::vector<std::string>{"gemskew"} : o.distributions)
+      require_longer_than_one(o, name, kCheckBatch, "the oracle-vs-reference comparison");
+  }
+}
+
 int run(const Options& o) {
-  if (o.cpu) return run_cpu(o, "--cpu given");
-  if (jagflash_cuda_device_count() == 0) return run_cpu(o, "no CUDA device found");
-  return run_gpu(o);
+  const char* why = cpu_reason(o);
+  return why != nullptr ? run_cpu(o, why) : run_gpu(o);
 }
 
 int check(const Options& o) {
@@ -342,9 +418,8 @@ int check(const Options& o) {
         name.c_str(), lengths.size(), static_cast<long long>(g.total_q()), mask_label(g.spec).c_str(),
         out_rel, dq_rel, dk_rel, dv_rel, full_ok ? "PASS" : "FAIL");
     // 2. The oracle against the CPU reference on the batch scaled down, every sequence.
-    std::vector<int32_t> small = lengths;
-    for (int32_t& l : small) l = std::max(1, l / o.scale_down);
-    if (small.size() > 64) small.resize(64);
+    const int scale_down = o.scale_down.value_or(kDefaultScaleDown);
+    const std::vector<int32_t> small = scaled_down(name, o.seed, kCheckBatch, scale_down);
     GpuBatch s = testing::make_gpu_batch(spec_for(o, small));
     const jf_fwd_args sa = s.forward_args(JF_BACKEND_ORACLE);
     const jf_bwd_args sb = s.backward_args(JF_BACKEND_ORACLE);
@@ -354,7 +429,7 @@ int check(const Options& o) {
     std::vector<int32_t> all(small.size());
     for (size_t b = 0; b < all.size(); ++b) all[b] = static_cast<int32_t>(b);
     std::printf("%s scaled down (first %zu sequences, lengths / %d): GPU oracle vs CPU reference\n",
-                name.c_str(), small.size(), o.scale_down);
+                name.c_str(), small.size(), scale_down);
     const bool small_ok = report_sample(testing::check_sample_against_reference(s, all, true), dt, true);
     all_ok = all_ok && full_ok && small_ok;
   }
@@ -372,10 +447,11 @@ int bench(const Options& o) {
   const char* ping_pong = std::getenv("JAGFLASH_FWD_PINGPONG");
   const char* bwd_schedule = std::getenv("JAGFLASH_BWD_SCHEDULE");
   const bool hopper_bwd = (o.dtype == "bf16" || o.dtype == "fp16") && (o.head_dim == 64 || o.head_dim == 128);
+  const int warmup = o.warmup.value_or(kGpuWarmup), iters = o.iters.value_or(kGpuIters);
   std::printf(
       "jagflash %s bench: H=%d H_kv=%d D=%d %s, median of %d after %d warm-up; default GPU path: forward = "
       "Hopper kernel where it serves the call (schedule=%s, ping-pong=%s), backward = %s (schedule=%s)\n",
-      jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), o.iters, o.warmup,
+      jagflash_version(), o.heads, o.heads_kv, o.head_dim, o.dtype.c_str(), iters, warmup,
       schedule ? schedule : "dynamic", ping_pong ? ping_pong : "0",
       hopper_bwd ? "Hopper kernel on compute capability 9.0" : "GPU oracle (fp32, no tensor cores)",
       bwd_schedule ? bwd_schedule : "dynamic");
@@ -396,9 +472,9 @@ int bench(const Options& o) {
             std::max({longest, g.q_offsets[b + 1] - g.q_offsets[b], g.kv_offsets[b + 1] - g.kv_offsets[b]});
       fa.launch.max_seqlen_hint = ba.launch.max_seqlen_hint = longest;
     }
-    const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, o.warmup, o.iters);
+    const double fwd_ms = median_ms([&] { check(jagflash_fwd(&fa), "forward"); }, warmup, iters);
     const double bwd_ms =
-        o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, o.warmup, o.iters);
+        o.forward_only ? NAN : median_ms([&] { check(jagflash_bwd(&ba), "backward"); }, warmup, iters);
     const double flops = g.forward_flops();
     std::printf("| %s | %s | %zu | %lld | %.3f | %.2f | %.3f | %.2f |\n", name.c_str(),
                 mask_label(g.spec).c_str(), g.spec.len_q.size(), static_cast<long long>(g.total_q()), fwd_ms,

@@ -2,11 +2,21 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace jagflash::cli {
 
+// Timing defaults: the GPU's, and the CPU reference's (one run of each direction, which takes
+// seconds at --scale-down 1).
+constexpr int kGpuIters = 20, kGpuWarmup = 3;
+constexpr int kCpuIters = 1, kCpuWarmup = 0;
+constexpr int kDefaultScaleDown = 8;
+
+// What the parser read. Every field is one the command uses (the parser refuses the options of
+// other commands); the optional ones are unset when not given, so a command can tell a default
+// from a choice.
 struct Options {
   std::string command;
   std::vector<std::string> distributions;  // empty: the command's default
@@ -19,15 +29,19 @@ struct Options {
   std::string dtype = "bf16";
   int head_dim = 128;
   int heads = 16;
-  int heads_kv = 0;  // 0: same as heads
-  int iters = 20;
-  int warmup = 3;
-  int scale_down = 8;  // check: lengths divided by this for the CPU-reference comparison
+  int heads_kv = 0;               // 0: same as heads
+  std::optional<int> iters;       // run, bench: unset: kGpuIters, or kCpuIters on the CPU reference
+  std::optional<int> warmup;      // likewise kGpuWarmup / kCpuWarmup
+  std::optional<int> scale_down;  // run on the CPU reference, check: lengths divided by this
   uint64_t seed = 20261129;
-  float input_range = 1.f;
-  bool max_seqlen_hint = true;  // bench: pass the longest sequence as launch.max_seqlen_hint  // q, k, v,
-                                // dout drawn from U(-input_range, input_range)
+  float input_range = 1.f;      // q, k, v, dout drawn from U(-input_range, input_range)
+  bool max_seqlen_hint = true;  // bench: pass the longest sequence as launch.max_seqlen_hint
 };
+
+// The checks that need more than the options themselves: the batch a command would build (a
+// --scale-down that leaves every sequence one token long checks nothing) and the path `run` takes
+// (GPU or CPU reference). Throws std::invalid_argument, a usage error (exit status 2).
+void validate(const Options& o);
 
 // Each returns the process exit code.
 int run(const Options& o);
