@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -309,6 +311,25 @@ void check_offsets_mode(int64_t offsets_check) {
   }
 }
 
+// The C API holds the scale as a float and reads 0 as 1/sqrt(D): a non-zero value that rounds to 0
+// in float would silently become the default, and one that rounds to infinity would be refused
+// under another value. Both are refused here with the value given (compared in double: the
+// conversion of a double beyond float's range is undefined). Bounds: at or below 2^-150, half the
+// smallest subnormal, rounds to 0 (the tie to even); at or above 2^128 - 2^103, halfway from the
+// largest float to 2^128, to infinity. python/jagflash/_launch.py's check_op_scalars is the same.
+void check_scale(double scale) {
+  const double magnitude = std::fabs(scale);
+  if (scale == 0.0 ||
+      (magnitude > std::ldexp(1.0, -150) && magnitude < std::ldexp(1.0, 128) - std::ldexp(1.0, 103)))
+    return;
+  // The shortest text that reads back as the value (Python's repr: 1e+39, not 9.9999999999999994e+38).
+  std::array<char, 32> text{};
+  const auto written = std::to_chars(text.data(), text.data() + text.size(), scale);
+  fail(JF_ERR_INVALID_ARGUMENT,
+       "scale: expected 0 (1/sqrt(head_dim)) or a number that is finite and non-zero in float32, got " +
+           std::string(text.data(), written.ptr));
+}
+
 // The forward once its inputs are checked: layouts the C API can read, out and lse, the call.
 // q_offsets null: a pooled call (q is the shared query set, kv_offsets give the batch).
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
@@ -321,6 +342,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_of
                                        int64_t offsets_check, int64_t max_seqlen) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
+  check_scale(scale);
   return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
                      max_seqlen);
 }
@@ -346,6 +368,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
                                                bool deterministic) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
+  check_scale(scale);
   if (!same_as_q(dout, q) || !same_as_q(out, q)) fail_input("dout or out unlike q");
   // The C API takes lse as a bare float pointer: its shape and dtype can only be checked here.
   if (lse.dim() != 2 || lse.size(0) != q.size(1) || lse.size(1) != q.size(0) ||
@@ -385,6 +408,7 @@ std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tens
                                               int64_t offsets_check, int64_t max_seqlen) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
+  check_scale(scale);
   return run_forward(q, k, v, nullptr, kv_offsets, mask, window_left, window_right, scale, offsets_check,
                      max_seqlen);
 }
@@ -424,6 +448,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
                                                       bool deterministic) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
+  check_scale(scale);
   const int64_t rows = pooled_rows(q, kv_offsets);
   for (const Tensor* t : {&dout, &out}) {
     if (t->dim() != 3 || t->size(0) != rows || t->size(1) != q.size(1) || t->size(2) != q.size(2) ||

@@ -60,16 +60,21 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
         raise _errors.invalid_argument("backward", "True or False", repr(backward))
     # Imported here: _launch imports this module (note_cuda_call).
     from . import _launch
-    from .functional import _offsets
+    from .functional import _check_tensor, _in_caller_terms, _offsets
 
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
     q_offsets = _offsets("q_offsets", q_offsets)
     kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
     problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
-    with _launch._device_guard(q.device):
-        served = query(problem, launch, DIRECTION_BACKWARD if backward else DIRECTION_FORWARD)
+    try:
+        with _launch._device_guard(q.device):
+            served = query(problem, launch, DIRECTION_BACKWARD if backward else DIRECTION_FORWARD)
+    except _errors.JagflashError as error:
+        raise _in_caller_terms(error, ()) from None
     return _NAMES.get(served, f"unknown ({served})")
 
 

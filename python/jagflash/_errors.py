@@ -1,5 +1,7 @@
 """Errors: the C API's status and message become Python exceptions carrying the same message."""
 import ctypes
+import re
+from typing import Sequence, Tuple, Union
 
 from . import _capi
 
@@ -29,6 +31,17 @@ _BY_STATUS = {
 def invalid_argument(argument: str, expected: str, given: object) -> InvalidArgumentError:
     """The C API's message shape, for the few checks that must happen before a C call."""
     return InvalidArgumentError(f"{argument}: expected {expected}, got {given}", _capi.ERR_INVALID_ARGUMENT)
+
+
+def reworded(error: JagflashError, substitutions: Sequence[Tuple[Union[str, "re.Pattern[str]"], str]]) -> JagflashError:
+    """error with its message in another caller's terms: each (pattern, replacement) applied in
+    turn (re.sub). The same class and status; error itself when nothing changed."""
+    message = str(error)
+    for pattern, replacement in substitutions:
+        message = re.sub(pattern, replacement, message)
+    if message == str(error):
+        return error
+    return type(error)(message, error.status)
 
 
 def check(status: int, lib: ctypes.CDLL) -> None:

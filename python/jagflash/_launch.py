@@ -50,6 +50,22 @@ def check_inputs(q, k, v, q_offsets, kv_offsets):
         )
 
 
+# The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
+# non-zero as the float32 the C API holds (the binding checks the same: scale_error in
+# python/binding/jagflash_torch.cpp). Bounds as in functional._scale.
+_SCALE_ROUNDS_TO_ZERO = 2.0**-150
+_SCALE_ROUNDS_TO_INF = 2.0**128 - 2.0**103
+
+
+def check_op_scalars(scale, check_offsets):
+    """The ops' scalars that the binding checks before the call, checked the same way by the fake
+    kernels, so a traced call fails where an eager one would."""
+    if scale != 0 and not _SCALE_ROUNDS_TO_ZERO < abs(scale) < _SCALE_ROUNDS_TO_INF:
+        raise _errors.invalid_argument(
+            "scale", "0 (1/sqrt(head_dim)) or a number that is finite and non-zero in float32", repr(scale))
+    _offsets_check.validate_op_mode(check_offsets)
+
+
 def check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets):
     """check_inputs, and dout / out like q, lse float32 [H, total_q] (the C API takes lse as a
     bare pointer: its shape and dtype can only be checked before the call)."""

@@ -9,7 +9,7 @@ from ._errors import invalid_argument
 _INT32_LIMIT = 2**31
 
 
-def _window_side(name: str, w: Any) -> int:
+def window_side(name: str, w: Any) -> int:
     """One side of the window as an exact int: 1.9 is refused rather than truncated to 1, and a
     bool (an int to Python) is refused as the mistake it almost always is."""
     if isinstance(w, bool):
@@ -33,7 +33,7 @@ def mask_args(causal: Any, window: Any) -> Tuple[int, int, int]:
         left, right = window
     except (TypeError, ValueError):
         raise invalid_argument("window", "a pair (left, right) of ints, -1 = unbounded", repr(window)) from None
-    left, right = _window_side("window[0]", left), _window_side("window[1]", right)
+    left, right = window_side("window[0]", left), window_side("window[1]", right)
     if causal:
         if right not in (-1, 0):
             raise invalid_argument("window[1]", "-1 or 0 with causal=True (causal sees no key to the right)", right)

@@ -61,11 +61,20 @@ def resolve(mode: Optional[CheckOffsets]) -> CheckOffsets:
     return _default_mode if mode is None else _validate(mode)
 
 
+def validate_op_mode(mode: object) -> None:
+    """The modes the ops take: MODES, and BUILT from registry.py."""
+    if mode not in MODES and mode != BUILT:
+        raise _errors.invalid_argument("check_offsets", '"auto", "host" or "device"', repr(mode))
+
+
 def launch_value(mode: CheckOffsets, device: torch.device) -> int:
     """jf_offsets_check for one call: "host" only when asked for, or for CPU tensors (whose
-    offsets the C library checks on the host whatever it is told)."""
+    offsets the C library checks on the host whatever it is told). Any other string is refused
+    (the ops can be called directly, with no resolve() before)."""
     if mode in ("device", BUILT) or (mode == "auto" and device.type == "cuda"):
         return _capi.CHECK_OFFSETS_DEVICE
+    if mode != "host" and mode != "auto":
+        validate_op_mode(mode)
     return _capi.CHECK_OFFSETS_HOST
 
 
@@ -93,11 +102,38 @@ def read_device_error() -> None:
     synchronize()
 
 
+def _cuda_device(device: object) -> Union[torch.device, int, None]:
+    """synchronize's argument checked with or without CUDA: None (the current device), a CUDA
+    device index >= 0, or a CUDA torch.device or its string ("cuda", "cuda:1")."""
+    if device is None:
+        return None
+    expected = "None, a CUDA device index or a CUDA device (torch.device or a string such as \"cuda:0\")"
+    if isinstance(device, bool):
+        raise _errors.invalid_argument("device", expected, repr(device))
+    if isinstance(device, int):
+        if device < 0:
+            raise _errors.invalid_argument("device", expected, repr(device))
+        return device
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise _errors.invalid_argument("device", expected, repr(device)) from None
+    elif isinstance(device, torch.device):
+        parsed = device
+    else:
+        raise _errors.invalid_argument("device", expected, type(device).__name__)
+    if parsed.type != "cuda":
+        raise _errors.invalid_argument("device", expected, repr(device))
+    return parsed
+
+
 def synchronize(device: Union[torch.device, str, int, None] = None) -> None:
     """Waits for the work queued on a CUDA device (default: the current one), like
     torch.cuda.synchronize, then raises InvalidArgumentError if a jagflash call on it found bad
     offsets in its device check (the default) and no later call has reported it yet: "did an
     earlier call fail?". The failure then counts as reported. Nothing to do without CUDA."""
+    device = _cuda_device(device)
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return  # no CUDA call can have run
     lib = _lib.lib()

@@ -15,7 +15,11 @@ where the lse is: jagflash.jagged_attention(..., return_lse=True) returns (out, 
 the layout both FA2 and FA3 use.
 
 Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
-softcap != 0, alibi_slopes, return_attn_probs=True, block_table); none is ignored.
+softcap != 0, alibi_slopes, return_attn_probs=True, block_table); none is ignored. With
+causal=True the right side of window_size is set to 0 whatever it is, as FA2 does (mha_varlen_fwd:
+`if (is_causal) window_size_right = 0`): HuggingFace transformers calls it so for sliding-window
+models, causal=True with window_size=(w - 1, w - 1). Errors name FA2's arguments (cu_seqlens_k,
+softmax_scale, window_size), not jagged_attention's.
 """
 import numbers
 import operator
@@ -25,8 +29,20 @@ import torch
 from torch import Tensor
 
 from . import _capi
-from ._errors import UnsupportedError, invalid_argument
+from ._errors import JagflashError, UnsupportedError, invalid_argument, reworded
+from ._mask import window_side
 from .functional import jagged_attention
+
+# jagged_attention's argument names, as its errors give them -> FA2's. The offsets' names anywhere
+# in a message ("as many as q_offsets"); the others where a message starts (the argument it is
+# about), so that words such as "scale" inside a message stay as they are.
+_FA2_TERMS = (
+    (r"\bq_offsets\b", "cu_seqlens_q"),
+    (r"\bkv_offsets\b", "cu_seqlens_k"),
+    (r"^scale\b", "softmax_scale"),
+    (r"^window\b", "window_size"),
+    (r"^max_seqlen_kv\b", "max_seqlen_k"),
+)
 
 
 def _unsupported(option: str, why: str) -> UnsupportedError:
@@ -82,9 +98,11 @@ def flash_attn_varlen_func(
     max_seqlen_q, max_seqlen_k: FlashAttention requires them; for jagflash they are hints for the
     forward's kernel choice (when both are given), never required to be exact or even given
     (None). A hint changes speed, not results.
-    dropout_p: 0.0 only. softmax_scale: default 1/sqrt(D).
+    dropout_p: 0.0 only. softmax_scale: default 1/sqrt(D); a value float32 turns into 0 or
+    infinity is refused (FA2 computes with 0: uniform attention).
     causal, window_size=(left, right): FlashAttention's masks, bottom-right aligned when
-    seqlen_q != seqlen_k; -1 unbounded; causal with a left window is a causal sliding window.
+    seqlen_q != seqlen_k; -1 unbounded; causal with a left window is a causal sliding window, and
+    with causal=True the right side is 0 whatever is passed (as in FA2).
     softcap: 0.0 only. alibi_slopes: None only.
     deterministic: True gives a bitwise reproducible backward (jagflash's forward always is);
     False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
@@ -117,8 +135,18 @@ def flash_attn_varlen_func(
         window = ()
     if len(window) != 2:
         raise invalid_argument("window_size", "a pair (left, right) of ints, -1 = unbounded", repr(window_size))
-    return jagged_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
-        scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
-        max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
-    )
+    if causal is True:
+        # FA2: causal sees no key to the right, whatever window_size[1] says (still an int >= -1).
+        window_side("window_size[1]", window[1])  # an int >= -1 still; its value does not matter
+        window = (window[0], 0)
+    if cu_seqlens_k is None:
+        # jagged_attention would take q's offsets for k's; FA2 has no such default.
+        raise invalid_argument("cu_seqlens_k", "an int32 tensor of B+1 cumulative key lengths", "None")
+    try:
+        return jagged_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
+            scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
+            max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
+        )
+    except JagflashError as error:
+        raise reworded(error, _FA2_TERMS) from None

@@ -1,23 +1,71 @@
 """The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out."""
-from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
+import numbers
+import re
+from typing import Any, Dict, Iterable, Literal, Optional, Tuple, Union, overload
 
 import torch
 from torch import Tensor
 
 from . import _capi, _launch, _offsets_check, ops
-from ._errors import InvalidArgumentError, invalid_argument
+from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
 
 # jagged_attention's default window: the call that passes none skips mask_args' checks.
 _NO_WINDOW = (-1, -1)
+_STRIDED = torch.strided
+
+
+def _what(value: object) -> str:
+    """How an error names a value that is not a usable tensor."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            return "a nested tensor"
+        if value.layout is not _STRIDED:
+            return f"a tensor of layout {value.layout}"
+        if value.is_meta:
+            return "a meta tensor"
+    return type(value).__name__
+
+
+def _check_tensor(name: str, t: object, expected: str = "a [tokens, heads, head_dim] tensor",
+                  nested_hint: str = "for torch.nested jagged tensors call jagflash.attention") -> None:
+    """What every tensor argument must be before anything reads it: a torch.Tensor (subclasses
+    that trace, such as FakeTensor, included), dense (strided) and with data (not meta). None, a
+    list, a nested or sparse tensor would otherwise fail deep inside torch's dispatcher, in its
+    terms (AttributeError, NotImplementedError: jagflash.fwd.default)."""
+    if isinstance(t, torch.Tensor) and not t.is_nested and t.layout is _STRIDED and not t.is_meta:
+        return
+    if isinstance(t, torch.Tensor) and t.is_nested:
+        expected = f"{expected} ({nested_hint})"
+    elif isinstance(t, torch.Tensor) and t.is_meta:
+        expected = f"{expected} on the CPU or a CUDA device"
+    elif isinstance(t, torch.Tensor):
+        expected = f"{expected}, dense (layout torch.strided)"
+    raise invalid_argument(name, expected, _what(t))
+
+
+def _check_plain(*named: Tuple[str, object]) -> None:
+    """_check_tensor on each (name, tensor); plain tensors pass at the cost of two attribute reads."""
+    for name, t in named:
+        if type(t) is not Tensor or t.layout is not _STRIDED or t.is_meta:
+            _check_tensor(name, t)
 
 
 def _offsets(name: str, offsets: object) -> Tensor:
-    """int32 or int64 [B+1] on the tensors' device -> int32, with no host sync."""
-    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64):
-        given = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
-        raise invalid_argument(name, "an int32 or int64 tensor of B+1 offsets", given)
+    """int32 or int64 [B+1] on the tensors' device -> int32, with no host sync. Checked as given
+    (dtype, shape), so an error names what the caller passed, not the converted tensor."""
+    expected = "an int32 or int64 tensor of B+1 offsets"
+    if not isinstance(offsets, torch.Tensor) or offsets.is_nested or offsets.layout is not _STRIDED or \
+            offsets.is_meta:
+        raise invalid_argument(name, expected, _what(offsets))
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise invalid_argument(name, expected, offsets.dtype)
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise invalid_argument(name, "an int32 or int64 vector of B+1 >= 1 offsets",
+                               f"{offsets.dtype} of shape {tuple(offsets.shape)}")
     if offsets.dtype == torch.int32:
         return offsets  # the binding copies non-contiguous offsets
     # The cast wraps: 2^32 + 4 would become 4, in offsets that may well pass every check. A value
@@ -42,13 +90,73 @@ def _out_of_int32(named_offsets: Iterable[Tuple[str, Optional[Tensor]]]) -> Opti
     return None
 
 
-def _scale(scale: Optional[float]) -> float:
-    """The C API reads scale 0 as 1/sqrt(D): None maps there, and an explicit 0 cannot be served."""
+# The C API holds the scale as a float32 and reads 0 as "1/sqrt(D)". A magnitude at or below
+# 2^-150 (half the smallest subnormal; the tie rounds to even, 0) becomes 0 there, so 1e-50 would
+# silently be the default; one at or above 2^128 - 2^103 (halfway from the largest float32 to 2^128)
+# becomes infinity. Compared here in float64, without a float32 conversion: torch.compile traces
+# this function, and plain comparisons are what it folds.
+_SCALE_ROUNDS_TO_ZERO = 2.0**-150
+_SCALE_ROUNDS_TO_INF = 2.0**128 - 2.0**103
+
+
+def _scale(scale: Optional[float], name: str = "scale") -> float:
+    """The C API's scale: None -> 0 (its marker for 1/sqrt(D)); anything else a real number (not a
+    bool, string or complex) that is finite and non-zero once float32, else InvalidArgumentError
+    naming the value given."""
     if scale is None:
         return 0.0
-    if scale == 0:
-        raise invalid_argument("scale", "a non-zero number, or None for 1/sqrt(head_dim)", scale)
-    return float(scale)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise invalid_argument(name, "a real number, or None for 1/sqrt(head_dim)", repr(scale))
+    value = float(scale)
+    if not _SCALE_ROUNDS_TO_ZERO < abs(value) < _SCALE_ROUNDS_TO_INF:  # NaN fails too
+        raise invalid_argument(name, "a number that is finite and non-zero in float32 (the kernels' precision), "
+                               "or None for 1/sqrt(head_dim)", repr(scale))
+    return value
+
+
+# The C library's names for jagged_attention's arguments -> the caller's: q.shape[-1], not
+# problem.q.head_dim. Not applied to the report of an earlier call's failed device check
+# (_EARLIER): that one reaches whichever call comes next (any entry point, jagflash.synchronize), so
+# it keeps the library's words, the same everywhere.
+_EARLIER = "an earlier jagflash call"
+_C_TERMS = (
+    (r"\bproblem\.([qkv])\.rows\b", r"\1.shape[0]"),
+    (r"\bproblem\.([qkv])\.heads\b", r"\1.shape[1]"),
+    (r"\bproblem\.([qkv])\.head_dim\b", r"\1.shape[-1]"),
+    (r"\bproblem\.([qkv])\.row_stride\b", r"\1.stride(0)"),
+    (r"\bproblem\.([qkv])\.head_stride\b", r"\1.stride(1)"),
+    (r"\bproblem\.([qkv])\.data\b", r"\1.data_ptr()"),
+    (r"\bproblem\.(q_offsets|kv_offsets)\b", r"\1"),
+    (r"\bproblem\.scale\b", "scale"),
+    (r"\bproblem\.window_left\b", "window[0]"),
+    (r"\bproblem\.window_right\b", "window[1]"),
+    # Inside a message: "a divisor of q.heads (4)".
+    (r"(?<![\w.])([qkv])\.rows\b", r"\1.shape[0]"),
+    (r"(?<![\w.])([qkv])\.heads\b", r"\1.shape[1]"),
+)
+# The one check a call without kv_offsets fails on kv's side: k's rows against q's offsets, which
+# the C library knows only as kv_offsets.
+_KV_TOTAL = re.compile(r"^problem\.kv_offsets\[B=(\d+)\]: expected the token count (-?\d+), got (-?\d+)$")
+
+
+def _in_caller_terms(error: JagflashError, named_offsets: Iterable[Tuple[str, object]],
+                     kv_offsets_given: bool = True) -> JagflashError:
+    """A failed call's error as the caller would put it: an int64 offset past int32 named with the
+    value given (not the -1 _offsets put there), the C library's names in Python's, and, when the
+    caller passed no kv_offsets, k's row count against q's offsets said as such. Error path only
+    (_out_of_int32 reads the offsets on the host)."""
+    if isinstance(error, InvalidArgumentError):
+        cause = _out_of_int32(named_offsets)  # type: ignore[arg-type]  # non-tensors are skipped
+        if cause is not None:
+            return cause
+    if str(error).startswith(_EARLIER):
+        return error
+    found = None if kv_offsets_given else _KV_TOTAL.match(str(error))
+    if found is not None:
+        batch, k_rows, q_total = found.groups()
+        return invalid_argument("k.shape[0]", f"{q_total} rows, q_offsets[B={batch}] (kv_offsets=None: q's offsets "
+                                              f"serve k and v too; pass kv_offsets for other lengths)", k_rows)
+    return reworded(error, _C_TERMS)
 
 
 def _deterministic(deterministic: Optional[bool]) -> bool:
@@ -154,7 +262,8 @@ def jagged_attention(
     sequence sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1 unbounded; causal
     is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf)
     and zero gradients.
-    scale: defaults to 1/sqrt(D).
+    scale: defaults to 1/sqrt(D); else a real number that stays finite and non-zero in float32
+    (the kernels' precision): one that float32 rounds to 0 or infinity (1e-50, 1e39) is refused.
     return_lse: also return lse [H, total_q] float32 (natural log; not differentiable).
     max_seqlen_q / max_seqlen_kv: optional, as in FlashAttention: upper bounds on the q and kv
     lengths (max_seqlen_kv defaults to max_seqlen_q when kv_offsets is None). jagflash needs no
@@ -167,7 +276,12 @@ def jagged_attention(
     and the forward always are); None follows torch.are_deterministic_algorithms_enabled() when
     the forward is called (in a compiled graph: when it is traced).
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
+    Errors: InvalidArgumentError (a ValueError) or UnsupportedError naming the argument in these
+    terms (q.shape[-1], kv_offsets[B=2], scale); q, k, v and the offsets are checked to be dense
+    tensors with data (not None, nested, sparse or meta) before anything else.
     """
+    # Plain tensors pass in two attribute reads each; anything else is named before it is used.
+    _check_plain(("q", q), ("k", k), ("v", v))
     # The defaults take no checks (a few hundred ns a call: the eager call's host time counts).
     if max_seqlen_q is None and max_seqlen_kv is None:
         hint = 0
@@ -178,12 +292,13 @@ def jagged_attention(
         mask, window_left, window_right = (_capi.MASK_CAUSAL if causal else _capi.MASK_NONE), -1, -1
     else:
         mask, window_left, window_right = mask_args(causal, window)
-    # int32 tensors as they are (the common case, without _offsets' call and checks).
-    q_offsets_i32 = q_offsets if type(q_offsets) is Tensor and q_offsets.dtype is torch.int32 else \
-        _offsets("q_offsets", q_offsets)
+    # Dense int32 tensors as they are (the common case, without _offsets' call and checks).
+    q_offsets_i32 = q_offsets if type(q_offsets) is Tensor and q_offsets.dtype is torch.int32 and \
+        q_offsets.layout is _STRIDED and not q_offsets.is_meta else _offsets("q_offsets", q_offsets)
     if kv_offsets is None:
         kv_offsets_i32 = q_offsets_i32
-    elif type(kv_offsets) is Tensor and kv_offsets.dtype is torch.int32:
+    elif type(kv_offsets) is Tensor and kv_offsets.dtype is torch.int32 and kv_offsets.layout is _STRIDED and \
+            not kv_offsets.is_meta:
         kv_offsets_i32 = kv_offsets
     else:
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
@@ -199,12 +314,9 @@ def jagged_attention(
                 out, lse = _launch.forward(*args[:-1])
         else:
             out, lse = ops.fwd(*args)
-    except InvalidArgumentError as error:
-        # The C message names the -1 that _offsets put in place of a value int32 cannot hold.
-        cause = _out_of_int32((("q_offsets", q_offsets), ("kv_offsets", kv_offsets)))
-        if cause is None:
-            raise
-        raise cause from error
+    except JagflashError as error:
+        raise _in_caller_terms(error, (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)),
+                               kv_offsets_given=kv_offsets is not None) from None
     return (out, lse) if return_lse else out
 
 
@@ -282,7 +394,25 @@ def attention(
         if cause is None:
             raise
         raise cause from error
-    return torch.nested.nested_tensor_from_jagged(out, _offsets_of(q))
+    return _nested_like_q(out, _offsets_of(q))
+
+
+def _nested_like_q(values: Tensor, offsets: Tensor) -> Tensor:
+    """The (B, j, H, D) jagged nested view of values with q's offsets (so it adds to q).
+    torch.nested.nested_tensor_from_jagged's first call asks torch.fx whether it is tracing, which
+    logs torch's "is_fx_tracing will return true ..." deprecation warning into the caller's output;
+    the view it then builds is made here directly (torch 2.11's
+    torch.nested._internal.nested_tensor.nested_view_from_values_offsets, the function it calls).
+    A torch without that function gets the public call."""
+    if _nested_view is None:
+        return torch.nested.nested_tensor_from_jagged(values, offsets)
+    return _nested_view(values, offsets)
+
+
+try:
+    from torch.nested._internal.nested_tensor import nested_view_from_values_offsets as _nested_view
+except ImportError:  # pragma: no cover - a torch that moved it
+    _nested_view = None
 
 
 def pooled_attention(
@@ -307,12 +437,17 @@ def pooled_attention(
     return_lse also lse [H, B*Lq] float32 (natural log; not differentiable). A sequence of length 0
     gives out = 0, lse = -inf and no gradient. The gradient of q is the sum over the sequences.
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
-    jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D).
+    jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D)
+    (other values as in jagged_attention).
     check_offsets and deterministic as in jagged_attention. CUDA tensors run the GPU path (the
     Hopper kernels where they serve the call, as jagged_attention's), CPU tensors the C++ float64
     reference.
     """
+    _check_tensor("q", q, "a query set [Lq, H, D] shared by every sequence",
+                  "pooled q is one plain tensor; k and v may be nested")
     nested = isinstance(k, torch.Tensor) and k.is_nested
+    if not nested:
+        _check_plain(("k", k), ("v", v))
     if nested:
         if kv_offsets is not None:
             raise invalid_argument("kv_offsets", "None when k and v are nested tensors (their offsets are used)",
@@ -331,10 +466,12 @@ def pooled_attention(
                                   _scale(scale), _offsets_check.resolve(check_offsets), 0,
                                   _deterministic(deterministic))
     except InvalidArgumentError as error:
-        cause = _v_offsets_differ(k, v) if nested else _out_of_int32((("kv_offsets", kv_offsets),))
+        cause = _v_offsets_differ(k, v) if nested else None
         if cause is None:
-            raise
+            raise _in_caller_terms(error, (("kv_offsets", kv_offsets),)) from None
         raise cause from error
+    except JagflashError as error:
+        raise _in_caller_terms(error, ()) from None
     if nested:
         out = out.unflatten(0, (k.size(0), q.shape[0]))
     return (out, lse) if return_lse else out

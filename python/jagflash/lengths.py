@@ -13,7 +13,12 @@ DEFAULT_SEED = 20261129
 
 def generate_lengths(name: str, seed: int = DEFAULT_SEED) -> List[int]:
     """Sequence lengths of the named distribution for this seed (the same batch jagflash's C++
-    benchmarks draw)."""
+    benchmarks draw). seed: an int in [0, 2^64) (ctypes would wrap a negative one, or one past
+    uint64, without a word)."""
+    if not isinstance(name, str):
+        raise _errors.invalid_argument("name", f"one of {', '.join(DISTRIBUTIONS)}", repr(name))
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise _errors.invalid_argument("seed", "an int in [0, 2^64)", repr(seed))
     lib = _lib.lib()
     batch_size = ctypes.c_int32(0)
     encoded = name.encode()

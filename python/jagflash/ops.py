@@ -2,7 +2,8 @@
 kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
-0 = 1/sqrt(D), the check_offsets mode, the max_seqlen hint, deterministic), and return fresh
+0 = 1/sqrt(D) and any other value finite and non-zero in float32, the check_offsets mode "auto",
+"host" or "device", the max_seqlen hint, deterministic), and return fresh
 contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
 break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
 CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a
@@ -44,6 +45,7 @@ def fwd(
 def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
               deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_op_scalars(scale, check_offsets)
     total_q, heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
 
@@ -78,6 +80,7 @@ def bwd(
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
               max_seqlen=0, deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_op_scalars(scale, check_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -158,6 +161,7 @@ def pooled_fwd(
 def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
                      deterministic=False):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    _launch.check_op_scalars(scale, check_offsets)
     lq, heads, head_dim = q.shape
     rows = (kv_offsets.shape[0] - 1) * lq
     return q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32)
@@ -189,6 +193,7 @@ def pooled_bwd(
 def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
                      max_seqlen=0, deterministic=False):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    _launch.check_op_scalars(scale, check_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -219,29 +224,30 @@ class EagerAttention(torch.autograd.Function):
     the registered op, which is what gives those their fake kernel and opcheck guarantees.
 
     Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
-    the op's scalars as one tuple (each argument costs autograd.Function's apply time); the offsets
-    are kept on ctx, not saved (integer inputs: nothing to check for in-place changes)."""
+    the op's scalars as one tuple (each argument costs autograd.Function's apply time). The offsets
+    are saved for backward with the tensors, as the registered op saves them: offsets changed in
+    place between the forward and the backward then raise torch's "modified by an inplace
+    operation" instead of giving the gradients of other sequences."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
         out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:-1])
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.offsets = (q_offsets, kv_offsets)
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.scalars = scalars
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
         if dout.dtype is not q.dtype:
             dout = dout.to(q.dtype)
         if not torch.is_grad_enabled():  # a plain backward: nothing is recorded anyway
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, *ctx.offsets, *ctx.scalars)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
             return dq, dk, dv, None, None, None
         # create_graph=True: the copies the binding may make are not recorded.
         with torch.no_grad():
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, *ctx.offsets, *ctx.scalars)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None
 

@@ -1,5 +1,7 @@
 """What only the GPU has: CUDA-graph capture and replay with new offsets, the device-side offsets
 check, the current stream, torch.compile with CUDA graphs. Skipped (and reported so) without CUDA."""
+import re
+
 import pytest
 import torch
 
@@ -262,3 +264,78 @@ def test_short_max_seqlen_hint_gives_the_same_attention(head_dim, causal):
                                              max_seqlen_q=hint, return_lse=True)
         assert_close(f"out (max_seqlen {hint})", out, want, tol_out, batch.seed)
         assert_close(f"lse (max_seqlen {hint})", lse, want_lse, tol_out, batch.seed)
+
+
+@pytest.mark.parametrize("scale", [1e-50, 2.0**-150, 1e39, float("nan")])
+def test_a_scale_float32_cannot_hold_is_refused_on_cuda(scale, launches):
+    """A scale that rounds to 0 in float32 was the default 1/sqrt(D) (the C API's marker), one
+    that rounds to infinity was refused as inf: every entry names the value given and runs
+    nothing."""
+    static = _batch()
+    q, k, v, q_off, kv_off = static.q, static.k, static.v, static.q_offsets, static.kv_offsets
+    calls = {
+        "jagged_attention": (lambda: jagflash.jagged_attention(q, k, v, q_off, kv_off, scale=scale), "scale"),
+        "flash_attn_varlen_func": (lambda: jagflash.flash_attn_varlen_func(q, k, v, q_off, kv_off, 100, 100,
+                                                                           softmax_scale=scale), "softmax_scale"),
+        "pooled_attention": (lambda: jagflash.pooled_attention(q[:5], k, v, kv_off, scale=scale), "scale"),
+        "ops.fwd": (lambda: torch.ops.jagflash.fwd(q, k, v, q_off, kv_off, 0, -1, -1, scale, "auto"), "scale"),
+    }
+    for entry, (call, name) in calls.items():
+        with pytest.raises(jagflash.InvalidArgumentError, match=rf"^{name}: expected .*, got {re.escape(repr(scale))}$"):
+            call()
+            pytest.fail(f"{entry} served scale={scale!r}")
+    assert launches == []
+
+
+def test_the_smallest_scale_float32_holds_is_served_as_given_on_cuda():
+    """2^-149 (a float32 subnormal) is not the default: near-uniform attention, as the reference."""
+    static = _batch()
+    out = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets, scale=2.0**-149)
+    want = reference(static, scale=2.0**-149)[0]
+    assert_close("out (scale 2^-149)", out, want, TOLERANCES[static.q.dtype][0], static.seed)
+    default = jagflash.jagged_attention(static.q, static.k, static.v, static.q_offsets, static.kv_offsets)
+    assert not torch.equal(out, default)
+
+
+@pytest.mark.parametrize("path", ["eager", "op", "flash_attn_varlen_func", "pooled"])
+def test_offsets_changed_in_place_before_the_backward_raise_on_cuda(path):
+    """The issue's case on the GPU: same batch size and total, other lengths. The eager path
+    computed the gradients of the new lengths without a word."""
+    static = _batch()
+    q, k, v = static.leaves()
+    q_off, kv_off = static.q_offsets.clone(), static.kv_offsets.clone()
+    if path == "eager":
+        out = jagflash.jagged_attention(q, k, v, q_off, kv_off, causal=True)
+    elif path == "op":
+        out = jagflash.ops.fwd(q, k, v, q_off, kv_off, _capi.MASK_CAUSAL, -1, -1, 0.0, "auto")[0]
+    elif path == "flash_attn_varlen_func":
+        out = jagflash.flash_attn_varlen_func(q, k, v, q_off, kv_off, 100, 100, causal=True)
+    else:
+        out = jagflash.pooled_attention(q[:5], k, v, kv_off)
+    (kv_off if path == "pooled" else q_off)[1] += 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(torch.ones_like(out))
+
+
+@pytest.mark.parametrize("w", [1, 4, 64])
+def test_flash_attn_varlen_func_causal_sliding_window_as_fa2_on_cuda(w):
+    """HuggingFace transformers' call for sliding-window models, causal=True with window_size =
+    (w - 1, w - 1): FA2 takes the right side as 0; jagflash refused it. Bitwise the causal window
+    (w - 1, 0) of jagged_attention, and close to the float64 reference, forward and backward."""
+    static = _batch()
+    q, k, v = static.leaves()
+    out = jagflash.flash_attn_varlen_func(q, k, v, static.q_offsets, static.kv_offsets, 100, 100, causal=True,
+                                          window_size=(w - 1, w - 1), deterministic=True)
+    grads = torch.autograd.grad(out, (q, k, v), static.dout)
+    q2, k2, v2 = static.leaves()
+    expected = jagflash.jagged_attention(q2, k2, v2, static.q_offsets, static.kv_offsets, causal=True,
+                                         window=(w - 1, 0), max_seqlen_q=100, max_seqlen_kv=100, deterministic=True)
+    expected_grads = torch.autograd.grad(expected, (q2, k2, v2), static.dout)
+    assert torch.equal(out, expected)
+    for got, want in zip(grads, expected_grads):
+        assert torch.equal(got, want)
+    tol_out, tol_grad = TOLERANCES[static.q.dtype]
+    ref_out, _, *ref_grads = reference(static, causal=True, window=(w - 1, 0))
+    assert_close("out", out, ref_out, tol_out, static.seed)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(name, got, want, tol_grad, static.seed)

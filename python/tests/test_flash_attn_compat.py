@@ -2,13 +2,14 @@
 jagged_attention with the same arguments (the same launch underneath), close to the float64
 reference, every option jagflash does not have refused by name, max_seqlen_* taken as hints."""
 import inspect
+import re
 
 import pytest
 import torch
 
 import jagflash
 from jagflash import _capi
-from conftest import DEVICES, MASKS, TOLERANCES, assert_close, make_batch, reference
+from conftest import DEVICES, MASKS, TOLERANCES, assert_close, make_batch, offsets_of, reference
 
 # FlashAttention-2's flash_attn_varlen_func (flash_attn 2.x): names, order and defaults.
 FA2_SIGNATURE = [
@@ -185,3 +186,77 @@ def test_compiles_in_one_graph():
         torch._dynamo.reset()
     assert torch.equal(out, fn(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets))
     assert counter.frame_count == 1
+
+
+# ---- causal=True with a window: FA2 sets the right side to 0 (mha_varlen_fwd: `if (is_causal)
+# window_size_right = 0`); HuggingFace transformers calls it so for sliding-window models.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window", [(3, 3), (8, 8), (0, 5), (-1, 7), (4, -1), (4, 0)])
+def test_causal_takes_the_right_window_as_0_as_fa2_does(device, window):
+    batch = _batch(311, device)
+    q, k, v = batch.leaves()
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, 31, 31, causal=True,
+                                          window_size=window, deterministic=True)
+    grads = torch.autograd.grad(out, (q, k, v), batch.dout)
+    q2, k2, v2 = batch.leaves()
+    expected = jagflash.jagged_attention(q2, k2, v2, batch.q_offsets, batch.kv_offsets, causal=True,
+                                         window=(window[0], 0), deterministic=True)
+    expected_grads = torch.autograd.grad(expected, (q2, k2, v2), batch.dout)
+    assert torch.equal(out, expected)
+    for got, want in zip(grads, expected_grads):
+        assert torch.equal(got, want)
+
+
+def test_hugging_face_s_sliding_window_call():
+    """transformers' _flash_attention_forward: causal=True, window_size=(w - 1, w - 1)."""
+    batch = _batch(312)
+    w = 4
+    out = jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31,
+                                          causal=True, window_size=(w - 1, w - 1))
+    ref_out = reference(batch, causal=True, window=(w - 1, 0))[0]
+    assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
+
+
+@pytest.mark.parametrize("right,match", [(-2, r"window_size\[1\]: expected >= -1"),
+                                         (1.5, r"window_size\[1\]: expected an int")])
+def test_causal_still_checks_the_right_window(right, match):
+    batch = _batch(313)
+    with pytest.raises(jagflash.InvalidArgumentError, match=match):
+        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31,
+                                        causal=True, window_size=(2, right))
+
+
+# ---- Errors name FA2's arguments, not jagged_attention's.
+def _fa2_error(**changes):
+    batch = _batch(314)
+    args = dict(q=batch.q, k=batch.k, v=batch.v, cu_seqlens_q=batch.q_offsets, cu_seqlens_k=batch.kv_offsets,
+                max_seqlen_q=31, max_seqlen_k=31)
+    args.update(changes)
+    with pytest.raises(jagflash.JagflashError) as info:
+        jagflash.flash_attn_varlen_func(**args)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (lambda b: {"cu_seqlens_k": offsets_of([9, 4, 0, 31, 6])}, r"^cu_seqlens_k\[B=5\]: expected the token count 49, got 50$"),
+    (lambda b: {"cu_seqlens_q": offsets_of([7, 0, 1, 31, 12]) + 1}, r"^cu_seqlens_q\[0\]: expected 0, got 1$"),
+    (lambda b: {"cu_seqlens_k": offsets_of([9, 4, 0, 31])},
+     r"^cu_seqlens_k: expected B\+1 = 6 entries \(as many as cu_seqlens_q\), got 5$"),
+    (lambda b: {"cu_seqlens_k": offsets_of([9, 4, 0, 31, 5]).float()}, r"^cu_seqlens_k: expected an int32 or int64"),
+    (lambda b: {"cu_seqlens_k": None}, r"^cu_seqlens_k: expected an int32 tensor of B\+1 cumulative key lengths, got None$"),
+    (lambda b: {"softmax_scale": 1e-50}, r"^softmax_scale: expected .*, got 1e-50$"),
+    (lambda b: {"softmax_scale": "0.1"}, r"^softmax_scale: expected a real number"),
+    (lambda b: {"window_size": (-2, 0)}, r"^window_size\[0\]: expected >= -1"),
+    (lambda b: {"window_size": (3, 1.5)}, r"^window_size\[1\]: expected an int"),
+    (lambda b: {"max_seqlen_k": -1}, r"^max_seqlen_k: expected None or an int in \[0, 2\^31\)"),
+    (lambda b: {"q": b.q[..., :48], "k": b.k[..., :48], "v": b.v[..., :48]}, r"^q.shape\[-1\]: expected 64, 128 or 256"),
+    (lambda b: {"q": None}, r"^q: expected a \[tokens, heads, head_dim\] tensor"),
+], ids=["cu_seqlens_k-total", "cu_seqlens_q-first", "cu_seqlens-lengths", "cu_seqlens-dtype", "cu_seqlens_k-None",
+        "softmax_scale-tiny", "softmax_scale-str", "window_size-left", "window_size-right", "max_seqlen_k", "head-dim",
+        "q-None"])
+def test_errors_name_fa2_s_arguments(changes, message):
+    batch = _batch(314)
+    got = _fa2_error(**changes(batch))
+    assert re.search(message, got), got
+    for internal in ("problem.", "kv_offsets", "q_offsets", "window[", "max_seqlen_kv"):
+        assert internal not in got, got

@@ -1,4 +1,6 @@
 """jagflash.attention on torch.nested jagged tensors (B, j, H, D)."""
+import os
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -97,3 +99,28 @@ def test_v_offsets_are_checked_in_a_compiled_graph():
     with pytest.raises(jagflash.InvalidArgumentError, match=r"kv_offsets\[1\].*got -1"):
         compiled(q, k, v)
     torch._dynamo.reset()
+
+
+def test_the_first_call_prints_no_torch_warning():
+    """The nested result is built without torch.nested.nested_tensor_from_jagged, whose first call
+    logs torch's "is_fx_tracing will return true ..." deprecation warning (torch 2.11) into the
+    caller's output. In a fresh process: torch logs it once per process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, jagflash\n"
+        "seqs = [torch.randn(n, 2, 64) for n in (3, 5)]\n"
+        "nt = torch.nested.nested_tensor(seqs, layout=torch.jagged)\n"
+        "out = jagflash.attention(nt, nt, nt)\n"
+        "assert out.is_nested and (out + nt).shape[0] == 2\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(jagflash.__file__)),
+                                                                   os.environ.get("PYTHONPATH")) if p))
+    result = subprocess.run([sys.executable, "-W", "default", "-c", code], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+    assert "is_fx_tracing" not in result.stderr, result.stderr
+    assert result.stderr.strip() == "", result.stderr

@@ -5,6 +5,7 @@ the float64 reference's, forward and backward; torch.compile(fullgraph=True) of 
 varlen_attn runs jagflash's kernels; what jagflash cannot serve raises; restore brings back
 PyTorch's kernel. Skipped (and reported so) without CUDA; needs an sm_90 GPU (H100/H200)."""
 import math
+import re
 
 import pytest
 import torch
@@ -306,3 +307,13 @@ def test_deterministic_backward_repeats_bitwise(active, deterministic):
     for run in runs[1:]:
         for name, got, want in zip(("dq", "dk", "dv"), run, runs[0]):
             _assert_equal(name, got, want)
+
+
+@pytest.mark.parametrize("scale", [1e-50, 1e39])
+def test_a_scale_float32_cannot_hold_is_refused(active, launches, scale):
+    """aten's scale reaches jagflash as a float32: 1e-50 became the default 1/sqrt(D) (the C API's
+    marker, 0) without a word."""
+    message = rf"^scale: expected .*, got {re.escape(repr(scale))}$"
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(jagflash.InvalidArgumentError, match=message):
+        _varlen_call(scale=scale)()
+    assert launches == []

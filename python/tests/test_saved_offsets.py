@@ -1,0 +1,79 @@
+"""Offsets changed in place between the forward and the backward: every autograd path saves them
+for backward (ctx.save_for_backward), so the backward raises torch's "modified by an inplace
+operation" instead of computing the gradients of other sequences. The eager fast path kept them
+on ctx unsaved: dq came out off by up to 2.0 with no error."""
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import jagflash
+from jagflash import ops
+from conftest import DEVICES
+
+INPLACE = "modified by an inplace operation"
+
+
+def _inputs(device, requires_grad=True):
+    g = torch.Generator().manual_seed(2501)
+    q = torch.randn(7, 2, 64, generator=g).to(device).requires_grad_(requires_grad)
+    off = torch.tensor([0, 3, 7], dtype=torch.int32, device=device)
+    return q, off
+
+
+def _jagged(q, off):
+    return jagflash.jagged_attention(q, q, q, off)
+
+
+def _jagged_kv(q, off):
+    return jagflash.jagged_attention(q, q, q, off.clone(), off)  # kv_offsets changed, q's not
+
+
+def _varlen(q, off):
+    return jagflash.flash_attn_varlen_func(q, q, q, off, off, 4, 4)
+
+
+def _op(q, off):
+    return ops.fwd(q, q, q, off, off, 0, -1, -1, 0.0, "auto")[0]
+
+
+def _compiled(q, off):
+    torch._dynamo.reset()
+    return torch.compile(_jagged, backend=CompileCounterWithBackend("aot_eager"), fullgraph=True)(q, off)
+
+
+def _pooled(q, off):
+    return jagflash.pooled_attention(q[:2], q, q, off)
+
+
+PATHS = {"eager": _jagged, "eager-kv": _jagged_kv, "flash_attn_varlen_func": _varlen, "op": _op,
+         "compiled": _compiled, "pooled": _pooled}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", PATHS)
+def test_offsets_changed_before_the_backward_raise(device, path):
+    q, off = _inputs(device)
+    out = PATHS[path](q, off)
+    off[1] = 5  # the issue's case: same batch size and total, other lengths
+    with pytest.raises(RuntimeError, match=INPLACE):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nested_offsets_changed_before_the_backward_raise(device):
+    q, off = _inputs(device)
+    nt = torch.nested.nested_tensor_from_jagged(q, off)
+    out = jagflash.attention(nt, nt, nt)
+    off[1] = 5
+    with pytest.raises(RuntimeError, match=INPLACE):
+        out.values().sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unchanged_offsets_still_give_the_gradients(device):
+    """Saving the offsets changes nothing else: the eager path and the op agree bitwise."""
+    q, off = _inputs(device)
+    (dq,) = torch.autograd.grad(_jagged(q, off).sum(), q)
+    q2, _ = _inputs(device)
+    (dq_op,) = torch.autograd.grad(_op(q2, off).sum(), q2)
+    assert torch.equal(dq, dq_op)
