@@ -51,7 +51,7 @@ def check_inputs(q, k, v, q_offsets, kv_offsets):
 
 
 # The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
-# non-zero as the float32 the C API holds (the binding checks the same: scale_error in
+# non-zero as the float32 the C API holds (the binding checks the same: check_scale in
 # python/binding/jagflash_torch.cpp). Bounds as in functional._scale.
 _SCALE_ROUNDS_TO_ZERO = 2.0**-150
 _SCALE_ROUNDS_TO_INF = 2.0**128 - 2.0**103

@@ -136,8 +136,9 @@ def flash_attn_varlen_func(
     if len(window) != 2:
         raise invalid_argument("window_size", "a pair (left, right) of ints, -1 = unbounded", repr(window_size))
     if causal is True:
-        # FA2: causal sees no key to the right, whatever window_size[1] says (still an int >= -1).
-        window_side("window_size[1]", window[1])  # an int >= -1 still; its value does not matter
+        # FA2 (mha_varlen_fwd): causal sees no key to the right, whatever window_size[1] says; it
+        # must still be an int >= -1.
+        window_side("window_size[1]", window[1])
         window = (window[0], 0)
     if cu_seqlens_k is None:
         # jagged_attention would take q's offsets for k's; FA2 has no such default.

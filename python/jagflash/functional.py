@@ -1,7 +1,7 @@
 """The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out."""
 import numbers
 import re
-from typing import Any, Dict, Iterable, Literal, Optional, Tuple, Union, overload
+from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -48,7 +48,8 @@ def _check_tensor(name: str, t: object, expected: str = "a [tokens, heads, head_
 
 
 def _check_plain(*named: Tuple[str, object]) -> None:
-    """_check_tensor on each (name, tensor); plain tensors pass at the cost of two attribute reads."""
+    """_check_tensor on each (name, tensor); a plain tensor passes at the cost of a type check and two
+    attribute reads."""
     for name, t in named:
         if type(t) is not Tensor or t.layout is not _STRIDED or t.is_meta:
             _check_tensor(name, t)
@@ -99,17 +100,17 @@ _SCALE_ROUNDS_TO_ZERO = 2.0**-150
 _SCALE_ROUNDS_TO_INF = 2.0**128 - 2.0**103
 
 
-def _scale(scale: Optional[float], name: str = "scale") -> float:
+def _scale(scale: Optional[float]) -> float:
     """The C API's scale: None -> 0 (its marker for 1/sqrt(D)); anything else a real number (not a
     bool, string or complex) that is finite and non-zero once float32, else InvalidArgumentError
     naming the value given."""
     if scale is None:
         return 0.0
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise invalid_argument(name, "a real number, or None for 1/sqrt(head_dim)", repr(scale))
+        raise invalid_argument("scale", "a real number, or None for 1/sqrt(head_dim)", repr(scale))
     value = float(scale)
     if not _SCALE_ROUNDS_TO_ZERO < abs(value) < _SCALE_ROUNDS_TO_INF:  # NaN fails too
-        raise invalid_argument(name, "a number that is finite and non-zero in float32 (the kernels' precision), "
+        raise invalid_argument("scale", "a number that is finite and non-zero in float32 (the kernels' precision), "
                                "or None for 1/sqrt(head_dim)", repr(scale))
     return value
 
