@@ -393,9 +393,21 @@ def attention(
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
-            raise
+            raise reworded(error, _NESTED_TERMS) from None
         raise cause from error
+    except JagflashError as error:
+        raise reworded(error, _NESTED_TERMS) from None
     return _nested_like_q(out, _offsets_of(q))
+
+
+# jagged_attention's words for the packed values -> the (B, j, H, D) nested tensors': heads are
+# dim 2 there, the packed rows those of values(), the offsets those of offsets().
+_NESTED_TERMS = (
+    (r"\b([qkv])\.shape\[1\]", r"\1.shape[2]"),
+    (r"\b([qkv])\.shape\[0\]", r"\1.values().shape[0]"),
+    (r"\bq_offsets\b", "q.offsets()"),
+    (r"\bkv_offsets\b", "k.offsets()"),
+)
 
 
 def _nested_like_q(values: Tensor, offsets: Tensor) -> Tensor:

