@@ -22,7 +22,7 @@ def _what(value: object) -> str:
         return "None"
     if isinstance(value, torch.Tensor):
         if value.is_nested:
-            return "a nested tensor"
+            return f"a nested tensor of layout {value.layout}"
         if value.layout is not _STRIDED:
             return f"a tensor of layout {value.layout}"
         if value.is_meta:
@@ -330,7 +330,7 @@ def _offsets_of(t: Any) -> Tensor:
 def _jagged_values(name: str, t: Any) -> Tensor:
     """The packed [total, H, D] values of a (B, j, H, D) jagged nested tensor."""
     if not (isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged):
-        raise invalid_argument(name, "a torch.nested tensor with layout=torch.jagged", type(t).__name__)
+        raise invalid_argument(name, "a torch.nested tensor with layout=torch.jagged", _what(t))
     ragged_dim = getattr(t, "_ragged_idx", 1)
     if t.dim() != 4 or ragged_dim != 1:
         raise invalid_argument(name, "shape (B, j, H, D), ragged in dim 1", f"{t.dim()}-D, ragged in dim {ragged_dim}")

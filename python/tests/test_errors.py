@@ -295,7 +295,7 @@ def _nested3(t):
 NOT_TENSORS = {
     "None": (lambda t: None, r"got None$"),
     "list": (lambda t: t.tolist(), r"got list$"),
-    "nested": (_nested3, r"\(for torch.nested jagged tensors call jagflash.attention\), got a nested tensor$"),
+    "nested": (_nested3, r"\(for torch.nested jagged tensors call jagflash.attention\), got a nested tensor of layout torch.jagged$"),
     "sparse": (lambda t: t.to_sparse(), r"dense \(layout torch.strided\), got a tensor of layout torch.sparse_coo$"),
     "meta": (lambda t: t.to("meta"), r"on the CPU or a CUDA device, got a meta tensor$"),
 }
@@ -315,7 +315,7 @@ def test_jagged_attention_names_a_tensor_argument_that_is_not_a_plain_tensor(bat
 
 OFFSETS_NOT_TENSORS = {
     "None": (lambda o: None, r"got None$"),
-    "nested": (lambda o: torch.nested.nested_tensor([o[:2], o[2:]], layout=torch.jagged), r"got a nested tensor$"),
+    "nested": (lambda o: torch.nested.nested_tensor([o[:2], o[2:]], layout=torch.jagged), r"got a nested tensor of layout torch.jagged$"),
     "sparse": (lambda o: o.to_sparse(), r"got a tensor of layout torch.sparse_coo$"),
     "meta": (lambda o: o.to("meta"), r"got a meta tensor$"),
 }
@@ -344,12 +344,12 @@ def test_pooled_attention_names_a_tensor_argument_that_is_not_a_plain_tensor(nam
     args[name] = make(args[name])
     offsets = torch.tensor([0, 4, 8], dtype=torch.int32)
     if name == "q" and case == "nested":
-        message = r"\(pooled q is one plain tensor; k and v may be nested\), got a nested tensor$"
+        message = r"\(pooled q is one plain tensor; k and v may be nested\), got a nested tensor of layout torch.jagged$"
     with pytest.raises(jagflash.InvalidArgumentError, match=rf"^{name}: expected .*{message}"):
         jagflash.pooled_attention(args["q"], args["k"], args["v"], offsets)
 
 
-GIVEN = {"None": "None", "list": "list", "nested": "a nested tensor", "sparse": "a tensor of layout torch.sparse_coo",
+GIVEN = {"None": "None", "list": "list", "nested": "a nested tensor of layout torch.jagged", "sparse": "a tensor of layout torch.sparse_coo",
          "meta": "a meta tensor"}
 
 

@@ -135,3 +135,15 @@ def test_errors_name_the_nested_tensors_dims():
     q48 = torch.nested.nested_tensor([torch.randn(3, 4, 48), torch.randn(5, 4, 48)], layout=torch.jagged)
     with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected 64, 128 or 256, got 48$"):
         jagflash.attention(q48, q48, q48)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_what_is_not_a_jagged_nested_tensor_is_named():
+    strided = torch.nested.nested_tensor([torch.randn(3, 2, 64), torch.randn(4, 2, 64)], layout=torch.strided)
+    with pytest.raises(jagflash.InvalidArgumentError,
+                       match=r"^q: expected a torch.nested tensor with layout=torch.jagged, got a nested tensor of "
+                             r"layout torch.strided$"):
+        jagflash.attention(strided, strided, strided)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"^k: expected a torch.nested tensor .*, got None$"):
+        nt = torch.nested.nested_tensor([torch.randn(3, 2, 64)], layout=torch.jagged)
+        jagflash.attention(nt, None, nt)
