@@ -4,6 +4,7 @@ batch, a few times each, for ncu: scripts/gpu-profile.sh runs this under ncu wit
 and writes the reports' text next to them. Not a timing tool (compare.py is): ncu replays kernels.
 
     python bench/profile_bwd.py --dist uniform1k --head-dim 128 [--causal] [--impls jagflash,fa3]
+    python bench/profile_bwd.py --uniform 16384 --tokens 131072   # bench/sweep.py's batch at L = 16k
 """
 import argparse
 import sys
@@ -29,10 +30,17 @@ def main():
                     help="pooled attention: one shared q of LQ rows over the first --batch sequences "
                          "(FA3 given q repeated per sequence)")
     ap.add_argument("--batch", type=int, default=256, help="with --pooled: how many sequences")
+    ap.add_argument("--uniform", type=int, default=0, metavar="L",
+                    help="instead of --dist: --tokens / L sequences of L tokens (bench/sweep.py's batches)")
+    ap.add_argument("--tokens", type=int, default=131072, help="with --uniform: tokens of the batch")
     ap.add_argument("--torch-profile", action="store_true",
                     help="print each kernel's CUDA time over --calls backward calls (torch.profiler), not for ncu")
     args = ap.parse_args()
-    lengths = jagflash.generate_lengths(args.dist, args.seed)
+    if args.uniform:
+        lengths = [args.uniform] * max(1, args.tokens // args.uniform)
+        args.dist = f"uniform{args.uniform}"
+    else:
+        lengths = jagflash.generate_lengths(args.dist, args.seed)
     if args.pooled:
         lengths = lengths[: args.batch]
     total = sum(lengths)

@@ -30,7 +30,14 @@ for impl in jagflash fa3; do
   ncu -i "$rep" --page details --print-details all >"$out/${impl}_${tag}_details.txt" 2>&1
   ncu -i "$rep" --page source --csv --print-source sass >"$out/${impl}_${tag}_sass.csv" 2>&1
   gzip -f "$out/${impl}_${tag}_sass.csv"
+  ncu -i "$rep" --page raw --csv >"$out/${impl}_${tag}_raw.csv" 2>&1
 done
+# The limits issue 24 asks about, side by side: tensor pipe, L2 reductions and hit rate, DRAM,
+# shared-memory conflicts, and the stall reasons per issued instruction.
+if [ -n "$(ls "$out"/*_"$tag"_raw.csv 2>/dev/null)" ]; then
+  python3 "$root/bench/ncu_metrics.py" "$out"/*_"$tag"_raw.csv | tee "$out/metrics_$tag.txt"
+  gzip -f "$out"/*_"$tag"_raw.csv
+fi
 for f in "$out"/*_"$tag"_details.txt; do
   echo "==== $f"
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc Active|Issue Slots Busy|Registers Per|Warp Cycles Per Issued|Achieved Occupancy|L2 Hit Rate|DRAM Throughput|Shared Memory Bank|Stall" "$f" | head -40

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -276,6 +277,48 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
     ASSERT_TRUE(to_host(g.dk) == first_dk) << "dk differs from the first run's in run " << run;
     ASSERT_TRUE(to_host(g.dv) == first_dv) << "dv differs from the first run's in run " << run;
   }
+}
+
+// Sets a backward tile-order knob (bwd_launch.cuh's tile_order_knob, read at every launch) for one
+// scope.
+struct EnvOverride {
+  EnvOverride(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~EnvOverride() { unsetenv(name_); }
+  const char* name_;
+};
+
+// The tile orders outside the deterministic mode: the L2 groups of (KV head, split) pairs at
+// sizes that split these batches' heads into groups of 1, 2-3 (a partial last group) and all
+// (0: the plain order), each with and without the rotated start Q block, GQA with split groups
+// and MHA, against the CPU reference. The default budget makes one group of every small batch,
+// so only the knob reaches the grouped decode on batches a test can check.
+TEST(GpuHopperBackward, TileOrdersAgainstReference) {
+  BatchSpec a;
+  a.len_q = {700, 129, 1, 0, 300, 64};
+  a.len_kv = {650, 300, 2, 5, 300, 0};
+  a.heads = 6;
+  a.heads_kv = 6;
+  a.head_dim = 128;
+  a.mask = JF_MASK_NONE;
+  a.seed = 31;
+  BatchSpec b = a;
+  b.heads = 8;
+  b.heads_kv = 2;
+  b.head_dim = 64;
+  b.dtype = JF_FP16;
+  b.mask = JF_MASK_CAUSAL;
+  b.row_pad = 8;
+  b.seed = 32;
+  // 1 MB is 1024 rows at D = 128 and 2048 at D = 64: groups of 1 (700 rows) up to all (129 rows).
+  for (const BatchSpec& s : {a, b})
+    for (const char* mb : {"0", "1", "3"})
+      for (const char* rotate : {"0", "1"}) {
+        SCOPED_TRACE(std::string("JAGFLASH_BWD_L2_GROUP_MB=") + mb + " JAGFLASH_BWD_ROTATE=" + rotate);
+        EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", mb), rot("JAGFLASH_BWD_ROTATE", rotate);
+        run_hopper_and_check(s, 0);
+      }
+  EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", "1"), splits("JAGFLASH_BWD_GROUP_SPLITS", "2");
+  run_hopper_and_check(b, 0);
 }
 
 TEST(GpuHopperBackward, MatchesOracleOnTheFiveDistributions) {
@@ -726,19 +769,29 @@ TEST(GpuHopperBackward, ReusedPlanAcrossModesAndMisuse) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<unsigned char> dq = to_host(g.dq), dk = to_host(g.dk), dv = to_host(g.dv);
   ASSERT_FALSE(view_has_nan(dk, g.dk_view, s.dtype));
-  for (int det : {1, 0}) {  // the plan the deterministic call built, reused in both modes
-    SCOPED_TRACE("reused in deterministic=" + std::to_string(det));
-    poison_gradients(g);
-    jf_bwd_args reuse = bwd_args(g, JF_BACKEND_HOPPER, det);
-    reuse.launch.reuse_plan = 1;
-    ASSERT_EQ(jagflash_bwd(&reuse), JF_OK) << jagflash_last_error();
-    ASSERT_EQ(jagflash_read_device_error(reuse.launch.workspace, nullptr), JF_OK) << jagflash_last_error();
-    EXPECT_TRUE(to_host(g.dk) == dk) << "dk with a reused plan";
-    EXPECT_TRUE(to_host(g.dv) == dv) << "dv with a reused plan";
-    if (det) {
-      EXPECT_TRUE(to_host(g.dq) == dq) << "dq with a reused plan (deterministic)";
+  // The plan the deterministic call built (KV blocks last to first), reused in both modes; the
+  // default order, and L2 groups of one (KV head) pair (the grouped decode of a last-to-first plan).
+  // The rotated start Q block (the default outside the deterministic mode) sums a tile's dK/dV
+  // in another order, so bitwise equality with the deterministic call holds without it only: off
+  // here (TileOrdersAgainstReference checks it against the reference).
+  EnvOverride no_rotation("JAGFLASH_BWD_ROTATE", "0");
+  for (const char* group_mb : {"", "1"})
+    for (int det : {1, 0}) {
+      SCOPED_TRACE("reused in deterministic=" + std::to_string(det) +
+                   " JAGFLASH_BWD_L2_GROUP_MB=" + group_mb);
+      std::optional<EnvOverride> group;
+      if (*group_mb != '\0') group.emplace("JAGFLASH_BWD_L2_GROUP_MB", group_mb);
+      poison_gradients(g);
+      jf_bwd_args reuse = bwd_args(g, JF_BACKEND_HOPPER, det);
+      reuse.launch.reuse_plan = 1;
+      ASSERT_EQ(jagflash_bwd(&reuse), JF_OK) << jagflash_last_error();
+      ASSERT_EQ(jagflash_read_device_error(reuse.launch.workspace, nullptr), JF_OK) << jagflash_last_error();
+      EXPECT_TRUE(to_host(g.dk) == dk) << "dk with a reused plan";
+      EXPECT_TRUE(to_host(g.dv) == dv) << "dv with a reused plan";
+      if (det) {
+        EXPECT_TRUE(to_host(g.dq) == dq) << "dq with a reused plan (deterministic)";
+      }
     }
-  }
   // Another batch (one row fewer) in the same workspace, told to reuse: the plan key differs.
   BatchSpec other = s;
   other.len_q = {700, 5, 0, 129, 1999};

@@ -384,6 +384,59 @@ TEST(Scheduler, TileInSequenceDecodesThePlanOrder) {
   }
 }
 
+// (c''') The backward's L2-grouped order of one sequence's tiles: every (block, pair) exactly
+// once; (pair) groups of `group` one after another, the last possibly smaller; inside a group
+// the blocks first to last with the group's pairs innermost. group = all pairs is the plain
+// order (local = block x pairs + pair), group = 1 every block of a pair before the next pair.
+TEST(Scheduler, BackwardTileInSequenceGroupsPairs) {
+  for (const int32_t blocks : {1, 2, 7, 128})
+    for (const int32_t pairs : {1, 3, 16})
+      for (const int32_t group : {0, 1, 2, 5, 16, 40}) {
+        SCOPED_TRACE("blocks " + std::to_string(blocks) + " pairs " + std::to_string(pairs) + " group " +
+                     std::to_string(group));
+        const int32_t g = group < 1 ? 1 : std::min(group, pairs);
+        std::set<std::pair<int32_t, int32_t>> seen;
+        BackwardTileInSequence prev{-1, -1};
+        for (int32_t local = 0; local < blocks * pairs; ++local) {
+          const BackwardTileInSequence at = backward_tile_in_sequence(local, blocks, pairs, group);
+          ASSERT_GE(at.block, 0);
+          ASSERT_LT(at.block, blocks);
+          ASSERT_GE(at.head_split, 0);
+          ASSERT_LT(at.head_split, pairs);
+          ASSERT_TRUE(seen.insert({at.block, at.head_split}).second) << "tile " << local << " twice";
+          if (g == pairs) {
+            ASSERT_EQ(at.block, local / pairs);
+            ASSERT_EQ(at.head_split, local % pairs);
+          }
+          if (g == 1) {
+            ASSERT_EQ(at.head_split, local / blocks);
+            ASSERT_EQ(at.block, local % blocks);
+          }
+          if (local > 0) {
+            const int32_t group_now = at.head_split / g, group_prev = prev.head_split / g;
+            ASSERT_GE(group_now, group_prev) << "groups run one after another";
+            if (group_now == group_prev) {
+              ASSERT_TRUE(at.block > prev.block ||
+                          (at.block == prev.block && at.head_split == prev.head_split + 1))
+                  << "inside a group: blocks in order, pairs innermost";
+            }
+          }
+          prev = at;
+        }
+        ASSERT_EQ(seen.size(), static_cast<size_t>(blocks * pairs));
+      }
+}
+
+TEST(Scheduler, BackwardL2GroupSize) {
+  EXPECT_EQ(backward_l2_group(0, 16384, 1, 16), 16);               // off: one group of all
+  EXPECT_EQ(backward_l2_group(24576, 16384, 1, 16), 1);            // one head's rows already fill it
+  EXPECT_EQ(backward_l2_group(24576, 2048, 1, 16), 12);            // 12 heads of 2048 rows
+  EXPECT_EQ(backward_l2_group(24576, 1024, 1, 16), 16);            // capped at the pairs there are
+  EXPECT_EQ(backward_l2_group(24576, 2048, 4, 4), 3);              // GQA: a pair holds 4 query heads
+  EXPECT_EQ(backward_l2_group(24576, 0, 1, 16), 16);               // no queries: nothing to group
+  EXPECT_EQ(backward_l2_group(24576, int64_t(1) << 40, 8, 2), 1);  // no 32-bit overflow
+}
+
 // (d) The snake: every tile once, round r forward or backward over the SMs, each SM's tiles in
 // list order.
 TEST(Scheduler, ZigzagAssign) {

@@ -79,6 +79,40 @@ JF_HD TileInSequence tile_in_sequence(int32_t tile, int32_t heads, int32_t block
   return {local / q_blocks, q_blocks - 1 - local % q_blocks};
 }
 
+// The backward's order of one sequence's tiles when its (KV head, split) pairs come in L2-sized
+// groups: tile `local` in [0, blocks x tiles_per_block) of a sequence with `blocks` KV blocks and
+// tiles_per_block (KV head, split) pairs each. Groups of `group` pairs (the last may be smaller),
+// one group after another; inside a group the KV blocks first to last, the group's pairs
+// innermost. group = tiles_per_block is the plain order (block outer, pairs inner); group = 1 runs
+// every KV block of one pair before the next pair (FA3's non-causal grid order). 32-bit, as
+// tile_in_sequence. Host and device.
+struct BackwardTileInSequence {
+  int32_t block;       // KV block in the sequence
+  int32_t head_split;  // (KV head, split) pair: kv_head x splits + split
+};
+JF_HD BackwardTileInSequence backward_tile_in_sequence(int32_t local, int32_t blocks, int32_t tiles_per_block,
+                                                       int32_t group) {
+  group = group < 1 ? 1 : (group > tiles_per_block ? tiles_per_block : group);
+  const int32_t g = local / (blocks * group);
+  const int32_t base = g * group;  // the group's first pair; the groups before it are full
+  const int32_t size = tiles_per_block - base < group ? tiles_per_block - base : group;
+  const int32_t inside = local - base * blocks;
+  return {inside / size, base + inside % size};
+}
+
+// How many (KV head, split) pairs of a sequence form one L2 group: as many as keep at most
+// `group_rows` rows of Q x heads (each pair's Q, dO and fp32 dQ rows of the sequence) in flight,
+// at least one. 0 (or a single sequence's rows too many to count) leaves one group of all.
+JF_HD int32_t backward_l2_group(int32_t group_rows, int64_t len_q, int32_t heads_per_pair,
+                                int32_t tiles_per_block) {
+  if (group_rows <= 0) return tiles_per_block;
+  const int64_t rows = len_q * heads_per_pair;
+  if (rows <= 0) return tiles_per_block;
+  if (rows > group_rows) return 1;
+  const int32_t fit = group_rows / static_cast<int32_t>(rows);  // 32-bit: rows <= group_rows here
+  return fit > tiles_per_block ? tiles_per_block : fit;
+}
+
 // What a device plan was built for. The build stores it next to the plan (at a place that does
 // not depend on the variant), and every forward launch compares it with its own before reading
 // the plan: a plan reused (jf_launch.reuse_plan) under another kernel variant (tile shape) or

@@ -24,6 +24,31 @@ inline Schedule schedule_knob() {
   return s;
 }
 
+// The order of a sequence's tiles outside the deterministic mode (Params::l2_group_rows,
+// rotated_q_order). Benchmark knobs, read at every launch so that one process can time them side
+// by side: JAGFLASH_BWD_L2_GROUP_MB = the L2 budget of a group of heads in MB (0: the KV heads
+// innermost, the order before 2026-12-02), JAGFLASH_BWD_ROTATE = 0 starts every tile at its first Q block.
+struct TileOrder {
+  int64_t l2_group_bytes;
+  int32_t rotate;
+};
+// A (sequence, query head)'s bytes in flight per Q row while its KV blocks run: Q and dO (2 bytes
+// an element, bf16/fp16) and the fp32 dQ accumulator row.
+template <int kHeadDim>
+constexpr int64_t kL2BytesPerQRow = int64_t(kHeadDim) * (2 + 2 + 4);
+// About half of the H200's 60 MB L2 (the rest holds K, V and the stats).
+constexpr int64_t kDefaultL2GroupBytes = int64_t(24) << 20;
+inline TileOrder tile_order_knob() {
+  TileOrder o{kDefaultL2GroupBytes, 1};
+  if (const char* v = std::getenv("JAGFLASH_BWD_L2_GROUP_MB")) {
+    char* end = nullptr;
+    const long mb = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && mb >= 0 && mb <= 4096) o.l2_group_bytes = int64_t(mb) << 20;
+  }
+  if (const char* v = std::getenv("JAGFLASH_BWD_ROTATE")) o.rotate = std::strcmp(v, "0") != 0;
+  return o;
+}
+
 using common::gmem_tensor;
 using common::sm_count;
 
@@ -187,6 +212,14 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.num_pairs = plan.num_pairs;
     p.tile_counter = plan.tile_counter;
     p.schedule = schedule_knob();
+    // The deterministic mode's turns and pooled_dq_sum's head-by-head order keep the plain order.
+    if (launch.dq_sems == nullptr && !pooled_dq_sum) {
+      const TileOrder order = tile_order_knob();
+      p.l2_group_rows = order.l2_group_bytes > 0
+                            ? static_cast<int32_t>(order.l2_group_bytes / kL2BytesPerQRow<kHeadDim>)
+                            : 0;
+      p.rotated_q_order = order.rotate;
+    }
 
     constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);
     static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");

@@ -118,6 +118,10 @@ struct TileInfo {
   int32_t len_kv;
   int32_t m_lo;  // the Q blocks that see the KV block: [m_lo, m_hi], for each head of the group
   int32_t m_hi;
+  // The Q block the tile starts at: m_lo, or (rotated_q_order) m_lo + n_block mod the count, so
+  // the concurrent tiles of one (sequence, head) start at different Q blocks and their dQ
+  // reduce-adds go to different rows; the loops visit [m_first, m_hi], then [m_lo, m_first).
+  int32_t m_first;
   int32_t head_lo;  // the query heads of the tile: [head_lo, head_end), the whole group or a split of it
   int32_t head_end;
   int32_t split;  // which split of the group (0 when the group is not split)
@@ -144,7 +148,10 @@ struct SharedStorage {
   cute::array_aligned<float, Traits::kStatStride * Traits::kStages, 128> lse;
   cute::array_aligned<float, Traits::kStatStride * Traits::kStages, 128> delta;
   DqTarget dq_target[Traits::kDqStages];
-  int32_t dq_turns_descending;  // deterministic mode: a Q block's KV blocks add from the highest down
+  // The plan lists a sequence's KV blocks last to first (built by the deterministic mode): there a
+  // Q block's KV blocks add from the highest down, and the L2-grouped decode finds a sequence's
+  // first position from it.
+  int32_t dq_turns_descending;
   static constexpr uint32_t kTileSlots = 2;
   TileInfo tile[kTileSlots];
   int32_t has_tile[kTileSlots];
@@ -216,6 +223,12 @@ struct Params {
   const int32_t* num_pairs;
   int32_t* tile_counter;
   Schedule schedule;
+  // The tiles' order inside a sequence (scheduler_bwd.cuh), ignored by the deterministic mode
+  // and pooled_dq_sum: 0 for the KV heads innermost (the whole group of heads per KV block);
+  // else the KV heads (x splits) in groups of at most this many rows of Q x heads, so that a
+  // group's Q, dO and fp32 dQ stay in L2 while its KV blocks run, heads innermost inside a group.
+  int32_t l2_group_rows;
+  int32_t rotated_q_order;  // 1: each tile starts at TileInfo::m_first (not the deterministic mode)
 };
 
 }  // namespace jagflash::kernels::bwd

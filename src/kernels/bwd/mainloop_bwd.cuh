@@ -43,6 +43,13 @@ __device__ __forceinline__ void load_stats(float* smem, const CUtensorMap* map, 
                                static_cast<int32_t>(first));
 }
 
+// The Q block of step i (m_lo <= i <= m_hi) of a tile's loop: [m_first, m_hi], then [m_lo, m_first).
+// The loader and the consumers walk the same steps, so their rings stay in step.
+__device__ __forceinline__ int32_t rotated_q_block(const TileInfo& t, int32_t i) {
+  const int32_t m = i + (t.m_first - t.m_lo);
+  return m > t.m_hi ? m - (t.m_hi - t.m_lo + 1) : m;
+}
+
 template <class Traits>
 struct Loader {
   using BlockM = typename Traits::BlockM;
@@ -71,7 +78,7 @@ struct Loader {
       const bool has_tile = tile < total_tiles;
       TileInfo t{};
       if (has_tile) {
-        t = decode_tile(p, tile, num_pairs);
+        t = decode_tile(p, tile, num_pairs, smem.dq_turns_descending);
         smem.tile[slot] = t;
       }
       smem.has_tile[slot] = has_tile;
@@ -113,7 +120,8 @@ struct Loader {
             tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         auto do_parts =
             tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo), group_modes<0, 2>(gDo));
-        for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
+        for (int32_t i = t.m_lo; i <= t.m_hi; ++i) {
+          const int32_t m = rotated_q_block(t, i);
           const uint32_t stage = uses % kStages, round_q = uses / kStages;
           if (round_q > 0) EmptyBarrier::wait(&smem.q_empty[stage], (round_q - 1) & 1);
           FullBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
@@ -275,7 +283,8 @@ struct Consumer {
       const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
 
       for (int32_t h = t.head_lo; h < t.head_end; ++h) {
-        for (int32_t m = t.m_lo; m <= t.m_hi; ++m) {
+        for (int32_t i = t.m_lo; i <= t.m_hi; ++i) {
+          const int32_t m = rotated_q_block(t, i);  // the Q block of the tile's i-th (from m_lo) step
           const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
                          ds_buf = uses % Traits::kDsBuffers;
           const int32_t row0 = m * kBlockM;
@@ -286,7 +295,7 @@ struct Consumer {
           // counter into local memory at D = 128.)
           const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
           const bool computes = thread < 128 || upper_keys_seen;
-          const bool last_dp = m == t.m_hi && h == t.head_end - 1;
+          const bool last_dp = i == t.m_hi && h == t.head_end - 1;
           if (computes) {
             EmptyBarrier::wait(&smem.q_full[stage], phase);
             warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
