@@ -771,9 +771,9 @@ TEST(GpuHopperBackward, ReusedPlanAcrossModesAndMisuse) {
   ASSERT_FALSE(view_has_nan(dk, g.dk_view, s.dtype));
   // The plan the deterministic call built (KV blocks last to first), reused in both modes; the
   // default order, and L2 groups of one (KV head) pair (the grouped decode of a last-to-first plan).
-  // The rotated start Q block (the default outside the deterministic mode) sums a tile's dK/dV
-  // in another order, so bitwise equality with the deterministic call holds without it only: off
-  // here (TileOrdersAgainstReference checks it against the reference).
+  // The rotated start Q block (JAGFLASH_BWD_ROTATE=1) sums a tile's dK/dV in another order, so
+  // bitwise equality with the deterministic call holds without it only: off here, whatever the
+  // environment says (TileOrdersAgainstReference checks it against the reference).
   EnvOverride no_rotation("JAGFLASH_BWD_ROTATE", "0");
   for (const char* group_mb : {"", "1"})
     for (int det : {1, 0}) {

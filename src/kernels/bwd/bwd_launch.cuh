@@ -27,7 +27,10 @@ inline Schedule schedule_knob() {
 // The order of a sequence's tiles outside the deterministic mode (Params::l2_group_rows,
 // rotated_q_order). Benchmark knobs, read at every launch so that one process can time them side
 // by side: JAGFLASH_BWD_L2_GROUP_MB = the L2 budget of a group of heads in MB (0: the KV heads
-// innermost, the order before 2026-12-02), JAGFLASH_BWD_ROTATE = 0 starts every tile at its first Q block.
+// innermost, the order before 2026-12-02), JAGFLASH_BWD_ROTATE = 1 starts each tile at Q block
+// m_lo + n_block mod count. The rotation is off by default: measured 0-6% slower than the plain
+// start on the uniform sweep (bench/NOTES.md, 2026-12-02): the adds into one Q block do not
+// contend enough to pay for the tiles of a head no longer sharing each Q block's L2 lines.
 struct TileOrder {
   int64_t l2_group_bytes;
   int32_t rotate;
@@ -39,13 +42,13 @@ constexpr int64_t kL2BytesPerQRow = int64_t(kHeadDim) * (2 + 2 + 4);
 // About half of the H200's 60 MB L2 (the rest holds K, V and the stats).
 constexpr int64_t kDefaultL2GroupBytes = int64_t(24) << 20;
 inline TileOrder tile_order_knob() {
-  TileOrder o{kDefaultL2GroupBytes, 1};
+  TileOrder o{kDefaultL2GroupBytes, 0};
   if (const char* v = std::getenv("JAGFLASH_BWD_L2_GROUP_MB")) {
     char* end = nullptr;
     const long mb = std::strtol(v, &end, 10);
     if (end != v && *end == '\0' && mb >= 0 && mb <= 4096) o.l2_group_bytes = int64_t(mb) << 20;
   }
-  if (const char* v = std::getenv("JAGFLASH_BWD_ROTATE")) o.rotate = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("JAGFLASH_BWD_ROTATE")) o.rotate = std::strcmp(v, "1") == 0;
   return o;
 }
 
