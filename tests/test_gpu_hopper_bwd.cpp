@@ -312,11 +312,35 @@ TEST(GpuHopperBackward, TileOrdersAgainstReference) {
   // 1 MB is 1024 rows at D = 128 and 2048 at D = 64: groups of 1 (700 rows) up to all (129 rows).
   for (const BatchSpec& s : {a, b})
     for (const char* mb : {"0", "1", "3"})
-      for (const char* rotate : {"0", "1"}) {
-        SCOPED_TRACE(std::string("JAGFLASH_BWD_L2_GROUP_MB=") + mb + " JAGFLASH_BWD_ROTATE=" + rotate);
-        EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", mb), rot("JAGFLASH_BWD_ROTATE", rotate);
-        run_hopper_and_check(s, 0);
+      for (const char* rotate : {"0", "1"})
+        for (int det : {0, 1}) {  // the deterministic mode takes the groups, never the rotation
+          SCOPED_TRACE(std::string("JAGFLASH_BWD_L2_GROUP_MB=") + mb + " JAGFLASH_BWD_ROTATE=" + rotate);
+          EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", mb), rot("JAGFLASH_BWD_ROTATE", rotate);
+          run_hopper_and_check(s, det);
+        }
+  // In the deterministic mode a Q block's partials add in the same turns whatever the tiles'
+  // order: dq, dk and dv bitwise the same with groups of one pair as with none.
+  for (const BatchSpec& s : {a, b}) {
+    GpuBatch g = testing::make_gpu_batch(s);
+    ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
+    std::vector<unsigned char> plain[3];
+    for (const char* mb : {"0", "1"}) {
+      SCOPED_TRACE(std::string("deterministic, JAGFLASH_BWD_L2_GROUP_MB=") + mb);
+      EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", mb);
+      poison_gradients(g);
+      const jf_bwd_args ba = bwd_args(g, JF_BACKEND_HOPPER, 1);
+      ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<unsigned char> now[3] = {to_host(g.dq), to_host(g.dk), to_host(g.dv)};
+      if (*mb == '0') {
+        for (int i = 0; i < 3; ++i) plain[i] = now[i];
+        continue;
       }
+      EXPECT_TRUE(now[0] == plain[0]) << "dq";
+      EXPECT_TRUE(now[1] == plain[1]) << "dk";
+      EXPECT_TRUE(now[2] == plain[2]) << "dv";
+    }
+  }
   EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", "1"), splits("JAGFLASH_BWD_GROUP_SPLITS", "2");
   run_hopper_and_check(b, 0);
 }

@@ -215,13 +215,14 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.num_pairs = plan.num_pairs;
     p.tile_counter = plan.tile_counter;
     p.schedule = schedule_knob();
-    // The deterministic mode's turns and pooled_dq_sum's head-by-head order keep the plain order.
-    if (launch.dq_sems == nullptr && !pooled_dq_sum) {
+    // pooled_dq_sum's head-by-head order keeps the plain order; the deterministic mode takes the
+    // L2 groups (its turns follow the plan's block order inside a group) but not the rotation.
+    if (!pooled_dq_sum) {
       const TileOrder order = tile_order_knob();
       p.l2_group_rows = order.l2_group_bytes > 0
                             ? static_cast<int32_t>(order.l2_group_bytes / kL2BytesPerQRow<kHeadDim>)
                             : 0;
-      p.rotated_q_order = order.rotate;
+      p.rotated_q_order = launch.dq_sems == nullptr ? order.rotate : 0;
     }
 
     constexpr size_t kSmemBytes = sizeof(SharedStorage<Traits>);

@@ -223,10 +223,10 @@ struct Params {
   const int32_t* num_pairs;
   int32_t* tile_counter;
   Schedule schedule;
-  // The tiles' order inside a sequence (scheduler_bwd.cuh), ignored by the deterministic mode
-  // and pooled_dq_sum: 0 for the KV heads innermost (the whole group of heads per KV block);
-  // else the KV heads (x splits) in groups of at most this many rows of Q x heads, so that a
-  // group's Q, dO and fp32 dQ stay in L2 while its KV blocks run, heads innermost inside a group.
+  // The tiles' order inside a sequence (scheduler_bwd.cuh), ignored by pooled_dq_sum: 0 for the
+  // KV heads innermost (the whole group of heads per KV block); else the KV heads (x splits) in groups of at
+  // most this many rows of Q x heads, so that a group's Q, dO and fp32 dQ stay in L2 while its KV blocks run,
+  // heads innermost inside a group.
   int32_t l2_group_rows;
   int32_t rotated_q_order;  // 1: each tile starts at TileInfo::m_first (not the deterministic mode)
 };

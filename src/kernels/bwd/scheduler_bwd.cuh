@@ -45,7 +45,10 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
         schedule::backward_l2_group(p.l2_group_rows, t.len_q, heads_per_split, tiles_per_pair);
     const schedule::BackwardTileInSequence at =
         schedule::backward_tile_in_sequence(tile - first * tiles_per_pair, blocks, tiles_per_pair, group);
-    t.n_block = at.block;
+    // Inside a group the KV blocks come in the plan's order: last to first in a descending plan,
+    // so the deterministic mode's turns (a Q block's partials added from the highest KV block
+    // down) only ever wait for tiles handed out before.
+    t.n_block = plan_descending ? blocks - 1 - at.block : at.block;
     head_split = at.head_split;
   }
   t.kv_head = head_split / p.group_splits;
