@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -224,12 +223,15 @@ TEST(GpuHopperBackward, SmallAgainstReference) {
     for (int det : {0, 1}) run_hopper_and_check(s, det);
 }
 
-// Sets JAGFLASH_BWD_GROUP_SPLITS (the dispatcher reads it at every call) for one scope.
-struct GroupSplitsOverride {
-  explicit GroupSplitsOverride(const char* value) {
-    if (*value != '\0') setenv("JAGFLASH_BWD_GROUP_SPLITS", value, 1);
+// Sets a backward knob the dispatcher and the launch read at every call
+// (JAGFLASH_BWD_GROUP_SPLITS, JAGFLASH_BWD_L2_GROUP_MB, JAGFLASH_BWD_ROTATE) for one scope; an
+// empty value leaves it unset.
+struct EnvOverride {
+  EnvOverride(const char* name, const char* value) : name_(name) {
+    if (*value != '\0') setenv(name, value, 1);
   }
-  ~GroupSplitsOverride() { unsetenv("JAGFLASH_BWD_GROUP_SPLITS"); }
+  ~EnvOverride() { unsetenv(name_); }
+  const char* name_;
 };
 
 // A query-head group split over several tiles (kernels::backward_group_splits: too few tiles for
@@ -256,10 +258,10 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
   for (const BatchSpec& s : {a, b})
     for (const char* splits : {"1", "2", "4", "8", ""}) {
       SCOPED_TRACE(std::string("JAGFLASH_BWD_GROUP_SPLITS=") + splits);
-      GroupSplitsOverride knob(splits);
+      EnvOverride knob("JAGFLASH_BWD_GROUP_SPLITS", splits);
       run_hopper_and_check(s, knob_deterministic());
     }
-  GroupSplitsOverride knob("4");
+  EnvOverride knob("JAGFLASH_BWD_GROUP_SPLITS", "4");
   GpuBatch g = testing::make_gpu_batch(a);
   ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
   const jf_bwd_args ba = bwd_args(g, JF_BACKEND_HOPPER, 0);
@@ -278,14 +280,6 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
     ASSERT_TRUE(to_host(g.dv) == first_dv) << "dv differs from the first run's in run " << run;
   }
 }
-
-// Sets a backward tile-order knob (bwd_launch.cuh's tile_order_knob, read at every launch) for one
-// scope.
-struct EnvOverride {
-  EnvOverride(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~EnvOverride() { unsetenv(name_); }
-  const char* name_;
-};
 
 // The tile orders outside the deterministic mode: the L2 groups of (KV head, split) pairs at
 // sizes that split these batches' heads into groups of 1, 2-3 (a partial last group) and all
@@ -803,8 +797,7 @@ TEST(GpuHopperBackward, ReusedPlanAcrossModesAndMisuse) {
     for (int det : {1, 0}) {
       SCOPED_TRACE("reused in deterministic=" + std::to_string(det) +
                    " JAGFLASH_BWD_L2_GROUP_MB=" + group_mb);
-      std::optional<EnvOverride> group;
-      if (*group_mb != '\0') group.emplace("JAGFLASH_BWD_L2_GROUP_MB", group_mb);
+      EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", group_mb);
       poison_gradients(g);
       jf_bwd_args reuse = bwd_args(g, JF_BACKEND_HOPPER, det);
       reuse.launch.reuse_plan = 1;
