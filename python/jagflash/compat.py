@@ -6,16 +6,17 @@ Signature, argument names and defaults are FlashAttention-2's (flash_attn 2.x,
 flash_attn_varlen_func), and so is the return convention: the output tensor alone.
 
 Why FA2's convention rather than FA3's: the two differ only when return_attn_probs=True. FA2 then
-returns (out, softmax_lse, S_dmask), S_dmask being the attention probabilities (with the dropout
-pattern); FA3 returns (out, softmax_lse) and no probabilities. A caller of this signature (FA2's:
-dropout_p third after the max_seqlens, alibi_slopes, block_table) wrote for FA2 and unpacks three
-values; handing it FA3's pair would fail later with an unpacking error, or worse be taken for
-something else. jagflash never forms the probabilities, so return_attn_probs=True raises, and says
-where the lse is: jagflash.jagged_attention(..., return_lse=True) returns (out, lse [H, total_q]),
-the layout both FA2 and FA3 use.
+returns (out, softmax_lse, S_dmask); FA3 returns (out, softmax_lse). A caller of this signature
+(FA2's: dropout_p third after the max_seqlens, alibi_slopes, block_table) wrote for FA2 and
+unpacks three values, so return_attn_probs=True gives FA2's triple: out, the softmax lse [H,
+total_q] float32 (natural log, FA2's layout; not differentiable, as in FA2, whose backward takes
+no gradient for it) and S_dmask. FA2 fills S_dmask only with dropout (it encodes the dropout
+pattern, and its return_softmax is return_attn_probs and dropout_p > 0); with dropout_p = 0, the
+only value jagflash takes, FA2 returns an empty tensor there, and so does jagflash. Code that
+reads the lse this way (ring-attention wrappers do) runs unchanged.
 
 Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
-softcap != 0, alibi_slopes, return_attn_probs=True, block_table); none is ignored. With
+softcap != 0, alibi_slopes, block_table); none is ignored. With
 causal=True the right side of window_size is set to 0 whatever it is, as FA2 does (mha_varlen_fwd:
 `if (is_causal) window_size_right = 0`): HuggingFace transformers calls it so for sliding-window
 models, causal=True with window_size=(w - 1, w - 1). Errors name FA2's arguments (cu_seqlens_k,
@@ -107,8 +108,8 @@ def flash_attn_varlen_func(
     deterministic: True gives a bitwise reproducible backward (jagflash's forward always is);
     False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
     since torch's switch asks every op for its deterministic variant.
-    return_attn_probs: False only (see the module docstring: no probabilities to return; the lse
-    comes from jagflash.jagged_attention(..., return_lse=True)).
+    return_attn_probs: True returns (out, softmax_lse [H, total_q] float32, S_dmask), S_dmask an
+    empty tensor as FA2's with dropout_p = 0 (the module docstring says why).
     block_table: None only (no paged KV cache).
     Differentiable in q, k and v.
     """
@@ -123,10 +124,6 @@ def flash_attn_varlen_func(
         raise _unsupported("block_table", "jagflash has no paged KV cache; pass None")
     if not isinstance(return_attn_probs, bool):
         raise invalid_argument("return_attn_probs", "True or False", repr(return_attn_probs))
-    if return_attn_probs:
-        raise _unsupported("return_attn_probs=True", "jagflash never forms the attention probabilities (FA2's "
-                                                     "S_dmask); for the softmax lse call jagflash.jagged_attention(q, "
-                                                     "k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True)")
     if deterministic is False and torch.are_deterministic_algorithms_enabled():
         deterministic = True
     try:
@@ -144,10 +141,16 @@ def flash_attn_varlen_func(
         # jagged_attention would take q's offsets for k's; FA2 has no such default.
         raise invalid_argument("cu_seqlens_k", "an int32 tensor of B+1 cumulative key lengths", "None")
     try:
-        return jagged_attention(
+        result = jagged_attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
             scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
             max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
+            return_lse=return_attn_probs,
         )
     except JagflashError as error:
         raise reworded(error, _FA2_TERMS) from None
+    if not return_attn_probs:
+        return result
+    out, lse = result
+    # FA2's S_dmask with dropout_p = 0: an empty tensor of the output's dtype and device.
+    return out, lse, torch.empty((0,), dtype=out.dtype, device=out.device)

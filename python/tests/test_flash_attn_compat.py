@@ -106,7 +106,6 @@ def test_max_seqlen_are_hints(launches, max_q, max_k, hint):
     ({"dropout_p": 0.1}, "dropout_p=0.1"),
     ({"softcap": 30.0}, "softcap=30.0"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
-    ({"return_attn_probs": True}, "return_attn_probs=True"),
     ({"block_table": torch.zeros(3, 1, dtype=torch.int32)}, "block_table"),
 ])
 def test_unsupported_options_raise_naming_the_option(kwargs, option, launches):
@@ -117,11 +116,37 @@ def test_unsupported_options_raise_naming_the_option(kwargs, option, launches):
     assert launches == []  # refused before anything ran
 
 
-def test_return_attn_probs_points_to_the_lse():
-    batch = _batch(306)
-    with pytest.raises(jagflash.UnsupportedError, match=r"jagged_attention\(.*return_lse=True\)"):
-        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 31, 31,
-                                        return_attn_probs=True)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_return_attn_probs_gives_fa2s_triple(device, mask):
+    """(out, softmax_lse [H, total_q] float32, S_dmask): out and its gradients those of the plain
+    call bitwise, the lse the reference's (natural log, -inf where a row sees no key: sequence 2
+    has a query and no key), not differentiable, and S_dmask empty as FA2's with dropout_p = 0."""
+    causal, window = MASKS[mask]
+    batch = _batch(306, device)
+    max_q, max_k = _max(batch.q_offsets), _max(batch.kv_offsets)
+    q, k, v = batch.leaves()
+    result = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, max_q, max_k,
+                                             causal=causal, deterministic=True, return_attn_probs=True)
+    assert isinstance(result, tuple) and len(result) == 3
+    out, lse, s_dmask = result
+    q2, k2, v2 = batch.leaves()
+    plain = jagflash.flash_attn_varlen_func(q2, k2, v2, batch.q_offsets, batch.kv_offsets, max_q, max_k,
+                                            causal=causal, deterministic=True)
+    assert torch.equal(out, plain)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), batch.dout),
+                         torch.autograd.grad(plain, (q2, k2, v2), batch.dout)):
+        assert torch.equal(got, want)
+    heads, total_q = batch.q.shape[1], batch.q.shape[0]
+    assert lse.shape == (heads, total_q) and lse.dtype == torch.float32 and lse.device == out.device
+    assert not lse.requires_grad
+    _, ref_lse, _, _, _ = reference(batch, causal=causal, window=window)
+    lse_cpu = lse.cpu().double()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse_cpu), finite)
+    assert bool((~finite).any())  # the row that sees no key is in the batch
+    assert (lse_cpu[finite] - ref_lse[finite]).abs().max().item() < 1e-3
+    assert s_dmask.numel() == 0 and s_dmask.dtype == out.dtype and s_dmask.device == out.device
 
 
 @pytest.mark.parametrize("kwargs,match", [
