@@ -124,7 +124,8 @@ def _check_no_descale(op: str, q_descale: Optional[Tensor], k_descale: Optional[
 
 
 def _mask(is_causal: bool, window_size_left: Optional[int], window_size_right: Optional[int]) -> Tuple[int, int, int]:
-    """aten's (is_causal, window_size_left/right with None = unbounded) as jf_mask and window."""
+    """aten's (is_causal, window_size_left/right with None = unbounded) as jf_mask and window; with
+    is_causal the right side is 0 whatever is passed, as in PyTorch's FA2 kernels."""
     sides = []
     for name, side in (("window_size_left", window_size_left), ("window_size_right", window_size_right)):
         value = -1 if side is None else int(side)
@@ -132,9 +133,10 @@ def _mask(is_causal: bool, window_size_left: Optional[int], window_size_right: O
             raise InvalidArgumentError(f"{name}: expected >= -1 (-1 or None = unbounded), got {value}",
                                        _capi.ERR_INVALID_ARGUMENT)
         sides.append(value)
-    if is_causal and sides[1] not in (-1, 0):
-        raise InvalidArgumentError(f"window_size_right: expected -1, 0 or None with is_causal=True (causal sees no "
-                                   f"key to the right), got {sides[1]}", _capi.ERR_INVALID_ARGUMENT)
+    if is_causal:
+        # As PyTorch's own FA2 kernels (mha_varlen_fwd / _bwd: `if (is_causal) window_size_right = 0`):
+        # causal sees no key to the right, whatever window_size_right says.
+        sides[1] = 0
     return mask_args(bool(is_causal), (sides[0], sides[1]))
 
 

@@ -438,13 +438,25 @@ def test_quantized_overloads_without_descales_are_served(cpu_kernels):
 
 @pytest.mark.parametrize("overrides,match", [
     ({"cum_seq_k": None}, "cum_seq_q and cum_seq_k must both be given"),
-    ({"window_size_right": 2, "is_causal": True}, "window_size_right: expected -1, 0 or None with is_causal=True"),
     ({"window_size_left": -2}, "window_size_left: expected >= -1"),
     ({"query": torch.randn(2, 51, 4, 64)}, "expected 3-D tensors"),
 ])
 def test_malformed_calls_raise(cpu_kernels, overrides, match):
     with pytest.raises(jagflash.InvalidArgumentError, match=match):
         _varlen_call(**overrides)()
+
+
+@pytest.mark.parametrize("right", [-1, 0, 2, 40, None])
+def test_causal_takes_the_right_window_as_0_as_torchs_fa2_does(cpu_kernels, right):
+    """PyTorch's FA2 kernels set window_size_right to 0 under is_causal: so does the override,
+    forward and backward (a sliding-window causal call, left 3)."""
+    b = _packed(421)  # _varlen_call's batch
+    out, lse, *_ = _varlen_call(is_causal=True, window_size_left=3, window_size_right=right)()
+    expected = jagflash.jagged_attention(b.q, b.k, b.v, b.q_offsets, b.kv_offsets, causal=True, window=(3, 0))
+    assert torch.equal(out, expected)
+    assert registry._mask(True, 3, right) == registry._mask(True, 3, 0)
+    with pytest.raises(jagflash.InvalidArgumentError, match="window_size_right: expected >= -1"):
+        registry._mask(True, 3, -2)  # still an int >= -1
 
 
 def test_dense_shape_mismatch_raises(cpu_kernels):
