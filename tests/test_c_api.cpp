@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace jagflash {
@@ -94,28 +95,30 @@ TEST(CApi, CpuForwardBackwardMatchReferenceAndClearError) {
 }
 
 // jagflash_query_backend on the CPU: the reference serves every CPU call, in both directions and
-// for every dtype / head dim; the query checks the problem and the launch as the calls do, and a
-// failed query leaves *served alone. (The GPU half is tests/test_gpu_backend.cpp.)
+// for every dtype / head dim (v's too, at or below q's); the query checks the problem and the launch as the
+// calls do, and a failed query leaves *served alone. (The GPU half is tests/test_gpu_backend.cpp.)
 TEST(CApi, BackendQueryOnTheCpu) {
   CpuCall call(3);
   for (jf_direction d : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD})
     for (jf_dtype dtype : {JF_BF16, JF_FP16, JF_FP32})
-      for (int32_t head_dim : {64, 128, 256}) {
-        jf_problem p = call.fwd.problem;
-        p.dtype = dtype;  // the views' strides stay valid: only shapes are checked, nothing is read
-        p.q.head_dim = p.k.head_dim = p.v.head_dim = head_dim;
-        p.q.head_stride = p.k.head_stride = p.v.head_stride = head_dim;
-        p.q.row_stride = 4 * head_dim;
-        p.k.row_stride = p.v.row_stride = 2 * head_dim;
-        jf_launch l{};
-        jf_backend served = JF_BACKEND_HOPPER;
-        ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
-        EXPECT_EQ(served, JF_BACKEND_REFERENCE);
-        l.backend = JF_BACKEND_REFERENCE;
-        served = JF_BACKEND_AUTO;
-        ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
-        EXPECT_EQ(served, JF_BACKEND_REFERENCE);
-      }
+      for (int32_t head_dim : {8, 64, 72, 96, 128, 200, 256})
+        for (int32_t v_head_dim : {head_dim, 8}) {
+          jf_problem p = call.fwd.problem;
+          p.dtype = dtype;  // the views' strides stay valid: only shapes are checked, nothing is read
+          p.q.head_dim = p.k.head_dim = head_dim;
+          p.v.head_dim = v_head_dim;
+          p.q.head_stride = p.k.head_stride = p.v.head_stride = head_dim;
+          p.q.row_stride = 4 * head_dim;
+          p.k.row_stride = p.v.row_stride = 2 * head_dim;
+          jf_launch l{};
+          jf_backend served = JF_BACKEND_HOPPER;
+          ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
+          EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+          l.backend = JF_BACKEND_REFERENCE;
+          served = JF_BACKEND_AUTO;
+          ASSERT_EQ(jagflash_query_backend(&p, &l, d, &served), JF_OK) << jagflash_last_error();
+          EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+        }
   // The call the query described runs (and clears the error a failed query left).
   jf_backend served = JF_BACKEND_AUTO;
   jf_launch l{};
@@ -131,7 +134,7 @@ TEST(CApi, BackendQueryOnTheCpu) {
   ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
 
   jf_problem bad = call.fwd.problem;
-  bad.q.head_dim = 96;
+  bad.q.head_dim = 100;
   jf_launch auto_launch{};
   EXPECT_EQ(jagflash_query_backend(&bad, &auto_launch, JF_DIRECTION_BACKWARD, &served), JF_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(jagflash_last_error()).find("problem.q.head_dim"), std::string::npos);
@@ -186,16 +189,94 @@ TEST(CppApi, QueryBackend) {
 
 TEST(CppApi, ThrowsErrorWithStatusAndMessage) {
   CpuCall call(3);
-  call.fwd.problem.q.head_dim = 96;
+  call.fwd.problem.q.head_dim = 100;
   try {
     jagflash::forward(call.fwd);
     FAIL() << "expected jagflash::Error";
   } catch (const jagflash::Error& e) {
     EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("96"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("100"), std::string::npos) << e.what();
   }
   EXPECT_EQ(jagflash::forward_workspace_size(CpuCall(3).fwd), 0u);
+}
+
+// DeepSeek's head dims (q, k 192; v 128) through the wrapper's helpers on CPU pointers: out, dout
+// and dv [.., 128], the same bytes as the reference called directly; on CUDA no path serves them
+// yet, which the wrapper throws as JF_ERR_UNSUPPORTED naming the head dim.
+TEST(CppApi, VHeadDimOfItsOwnThroughTheWrapper) {
+  constexpr int kD = 192, kDv = 128, kH = 4, kHkv = 2;
+  const std::vector<int32_t> q_offsets = {0, 5, 5, 22}, kv_offsets = {0, 9, 12, 29};
+  const int64_t tq = q_offsets.back(), tk = kv_offsets.back();
+  std::mt19937_64 rng(41);
+  test::HostTensor q = test::make_tensor(JF_BF16, tq, kH, kD), k = test::make_tensor(JF_BF16, tk, kHkv, kD);
+  test::HostTensor v = test::make_tensor(JF_BF16, tk, kHkv, kDv),
+                   dout = test::make_tensor(JF_BF16, tq, kH, kDv);
+  for (test::HostTensor* t : {&q, &k, &v, &dout}) t->fill_random(rng);
+  struct Outputs {
+    test::HostTensor out, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  auto outputs = [&] {
+    return Outputs{test::make_tensor(JF_BF16, tq, kH, kDv), test::make_tensor(JF_BF16, tq, kH, kD),
+                   test::make_tensor(JF_BF16, tk, kHkv, kD), test::make_tensor(JF_BF16, tk, kHkv, kDv),
+                   std::vector<float>(static_cast<size_t>(kH * tq))};
+  };
+  auto args = [&](Outputs& o, jf_fwd_args& fwd, jf_bwd_args& bwd) {
+    jf_problem p = jagflash::make_problem(JF_BF16, JF_DEVICE_CPU, 3, q_offsets.data(), kv_offsets.data(),
+                                          jagflash::tensor_view(q.bytes.data(), tq, kH, kD),
+                                          jagflash::tensor_view(k.bytes.data(), tk, kHkv, kD),
+                                          jagflash::tensor_view(v.bytes.data(), tk, kHkv, kDv));
+    jagflash::set_causal(p);
+    fwd = jf_fwd_args{};
+    fwd.problem = p;
+    fwd.out = jagflash::tensor_view(o.out.bytes.data(), tq, kH, kDv);
+    fwd.lse = o.lse.data();
+    bwd = jf_bwd_args{};
+    bwd.problem = p;
+    bwd.out = fwd.out;
+    bwd.dout = jagflash::tensor_view(dout.bytes.data(), tq, kH, kDv);
+    bwd.lse = o.lse.data();
+    bwd.dq = jagflash::tensor_view(o.dq.bytes.data(), tq, kH, kD);
+    bwd.dk = jagflash::tensor_view(o.dk.bytes.data(), tk, kHkv, kD);
+    bwd.dv = jagflash::tensor_view(o.dv.bytes.data(), tk, kHkv, kDv);
+  };
+  Outputs api = outputs(), direct = outputs();
+  jf_fwd_args fwd{}, direct_fwd{};
+  jf_bwd_args bwd{}, direct_bwd{};
+  args(api, fwd, bwd);
+  args(direct, direct_fwd, direct_bwd);
+  EXPECT_EQ(jagflash::query_backend(fwd.problem, fwd.launch, JF_DIRECTION_FORWARD), JF_BACKEND_REFERENCE);
+  EXPECT_EQ(jagflash::forward_workspace_size(fwd), 0u);
+  EXPECT_EQ(jagflash::backward_workspace_size(bwd), 0u);
+  jagflash::forward(fwd);
+  jagflash::backward(bwd);
+  reference::forward(direct_fwd);
+  reference::backward(direct_bwd);
+  EXPECT_EQ(api.out.bytes, direct.out.bytes);
+  EXPECT_EQ(api.lse, direct.lse);
+  EXPECT_EQ(api.dq.bytes, direct.dq.bytes);
+  EXPECT_EQ(api.dk.bytes, direct.dk.bytes);
+  EXPECT_EQ(api.dv.bytes, direct.dv.bytes);
+  // Causal, sequence 2 (Lq = Lk = 17): its first row sees only its first key, so out = v there.
+  for (int d = 0; d < kDv; ++d) EXPECT_EQ(api.out.get(5, 1, d), v.get(12, 0, d));
+
+  for (const auto& [d, dv, argument] : {std::tuple<int, int, const char*>{kD, kDv, "problem.q.head_dim"},
+                                        std::tuple<int, int, const char*>{128, 64, "problem.v.head_dim"}}) {
+    jf_problem p = fwd.problem;
+    p.device = JF_DEVICE_CUDA;
+    p.q.head_dim = p.k.head_dim = d;
+    p.v.head_dim = dv;
+    try {
+      jagflash::query_backend(p, jf_launch{}, JF_DIRECTION_BACKWARD);
+      ADD_FAILURE() << d << "/" << dv << " on CUDA was accepted";
+    } catch (const jagflash::Error& e) {
+      EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
+      EXPECT_EQ(std::string(e.what()).rfind(std::string(argument) + ": expected ", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("served on CPU tensors only so far"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(CppApi, HelpersBuildValidViews) {

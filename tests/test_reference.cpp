@@ -2,7 +2,8 @@
 //  - forward vs a dense per-sequence softmax(Q K^T) V that masks elementwise with
 //    MaskPolicy::visible (the reference iterates key_range instead);
 //  - backward vs central finite differences of that dense forward;
-//  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism.
+//  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism;
+//  - every head dim (multiples of 8 up to 256) and a v head dim of its own, through the C API.
 #include "reference/reference.hpp"
 
 #include "core/mask.hpp"
@@ -47,11 +48,12 @@ double out_tolerance(jf_dtype dtype) {
 // float64 computations sum in different orders (~1e-15 on O(1) terms).
 double abs_slack(jf_dtype dtype) { return (dtype == JF_FP16 ? std::ldexp(1.0, -24) : 0.0) + 1e-12; }
 
-// A batch in float64, each tensor packed as [rows][heads][D].
+// A batch in float64, each tensor packed as [rows][heads][D] (v as [rows][heads][Dv]).
 struct DenseBatch {
   int H = 0;
   int H_kv = 0;
   int D = 0;
+  int Dv = 0;
   std::vector<int32_t> q_offsets;
   std::vector<int32_t> kv_offsets;
   std::vector<double> q, k, v;
@@ -71,6 +73,7 @@ DenseBatch to_dense(const HostBatch& batch) {
   dense.H = batch.H;
   dense.H_kv = batch.H_kv;
   dense.D = batch.D;
+  dense.Dv = batch.v.head_dim;
   dense.q_offsets = batch.q_offsets;
   dense.kv_offsets = batch.kv_offsets;
   dense.q = to_dense(batch.q);
@@ -80,7 +83,7 @@ DenseBatch to_dense(const HostBatch& batch) {
 }
 
 struct NaiveResult {
-  std::vector<double> out;  // [total_q][H][D]
+  std::vector<double> out;  // [total_q][H][Dv]
   std::vector<double> lse;  // [H][total_q]
 };
 
@@ -88,9 +91,9 @@ struct NaiveResult {
 // each row and multiplies by V.
 NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double scale) {
   const int64_t total_q = in.q_offsets.back();
-  const int H = in.H, H_kv = in.H_kv, D = in.D;
+  const int H = in.H, H_kv = in.H_kv, D = in.D, Dv = in.Dv;
   NaiveResult res;
-  res.out.assign(static_cast<size_t>(total_q * H * D), 0.0);
+  res.out.assign(static_cast<size_t>(total_q * H * Dv), 0.0);
   res.lse.assign(static_cast<size_t>(H * total_q), -kInf);
   for (size_t b = 0; b + 1 < in.q_offsets.size(); ++b) {
     const int64_t q0 = in.q_offsets[b], lq = in.q_offsets[b + 1] - q0;
@@ -114,9 +117,9 @@ NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double s
           s[i * lk + j] = std::exp(s[i * lk + j] - m);
           l += s[i * lk + j];
         }
-        double* o = &res.out[((q0 + i) * H + h) * D];
+        double* o = &res.out[((q0 + i) * H + h) * Dv];
         for (int64_t j = 0; j < lk; ++j)
-          for (int d = 0; d < D; ++d) o[d] += s[i * lk + j] / l * in.v[((k0 + j) * H_kv + hk) * D + d];
+          for (int d = 0; d < Dv; ++d) o[d] += s[i * lk + j] / l * in.v[((k0 + j) * H_kv + hk) * Dv + d];
         res.lse[h * total_q + q0 + i] = m + std::log(l);
       }
     }
@@ -617,6 +620,204 @@ TEST(ReferenceDeterminism, RepeatedRunsAreBitIdentical) {
   EXPECT_EQ(g1.dk.bytes, g2.dk.bytes);
   EXPECT_EQ(g1.dv.bytes, g2.dv.bytes);
 }
+
+// ---------------------------------------------------------------------------------------------
+// d) Every head dim, and a v head dim of its own, through the C API (validation, dispatch, then
+// the reference): q and k at D, v, out, dout and dv at Dv <= D, the default scale 1/sqrt(D).
+
+struct HeadDimCase {
+  int D;
+  int Dv;
+};
+
+const std::vector<HeadDimCase> kHeadDimCases = {{8, 8}, {72, 72}, {96, 96}, {200, 200}, {192, 128}, {64, 32}};
+
+std::string head_dim_name(const HeadDimCase& c) {
+  return "d" + std::to_string(c.D) + (c.Dv != c.D ? "_v" + std::to_string(c.Dv) : "");
+}
+
+// make_random_batch with v [total_kv, H_kv, Dv] (its own random values).
+HostBatch make_batch_with_dv(const std::vector<int32_t>& len_q, const std::vector<int32_t>& len_kv, int H,
+                             int H_kv, const HeadDimCase& dims, jf_dtype dtype, uint64_t seed, int row_pad) {
+  HostBatch batch = make_random_batch(len_q, len_kv, H, H_kv, dims.D, dtype, seed, row_pad);
+  batch.v = make_tensor(dtype, batch.total_kv(), H_kv, dims.Dv, row_pad + 1);
+  std::mt19937_64 rng(seed ^ 0x76ULL);
+  batch.v.fill_random(rng);
+  return batch;
+}
+
+// The problem as the C API takes it: JF_MASK_CAUSAL with the window fields -1 (all_masks() gives
+// causal as the window (-1, 0), which the reference alone reads the same).
+jf_problem api_problem(HostBatch& batch, const MaskCase& m, float scale = 0.0f) {
+  const bool causal = m.mask == JF_MASK_CAUSAL;
+  return make_problem(batch, m.mask, causal ? -1 : m.window_left, causal ? -1 : m.window_right, scale);
+}
+
+// jagflash_fwd on the CPU; out [total_q, H, Dv] padded by out_pad, poisoned before the call.
+ForwardResult api_forward(HostBatch& batch, const MaskCase& m, float scale, int out_pad) {
+  ForwardResult res{make_tensor(batch.dtype, batch.total_q(), batch.H, batch.v.head_dim, out_pad), {}};
+  res.out.fill(kSentinel);
+  res.lse.assign(static_cast<size_t>(batch.H * batch.total_q()), static_cast<float>(kSentinel));
+  jf_fwd_args args = forward_args(api_problem(batch, m, scale), res.out, res.lse.data());
+  jf_backend served = JF_BACKEND_AUTO;
+  EXPECT_EQ(jagflash_query_backend(&args.problem, &args.launch, JF_DIRECTION_FORWARD, &served), JF_OK)
+      << jagflash_last_error();
+  EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+  EXPECT_EQ(jagflash_fwd(&args), JF_OK) << jagflash_last_error();
+  return res;
+}
+
+struct HeadDimForwardCase {
+  std::string name;
+  HeadDimCase dims;
+  MaskCase mask;
+  HeadCase heads;
+  jf_dtype dtype;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const HeadDimForwardCase& c) { return os << c.name; }
+
+std::vector<HeadDimForwardCase> head_dim_forward_cases() {
+  std::vector<HeadDimForwardCase> cases;
+  const jf_dtype dtypes[] = {JF_FP32, JF_BF16, JF_FP16};
+  uint64_t seed = 7000;
+  size_t i = 0;
+  for (const HeadDimCase& dims : kHeadDimCases)
+    for (const MaskCase& m : all_masks()) {
+      const HeadCase& h = all_heads()[i % all_heads().size()];
+      const jf_dtype dtype = dtypes[i / all_heads().size() % 3];
+      cases.push_back({head_dim_name(dims) + "_" + m.name + "_" + h.name + "_" + dtype_name(dtype), dims, m,
+                       h, dtype, seed++});
+      ++i;
+    }
+  return cases;
+}
+
+class ReferenceHeadDimsForward : public ::testing::TestWithParam<HeadDimForwardCase> {};
+
+TEST_P(ReferenceHeadDimsForward, MatchesDenseNaiveThroughTheCApi) {
+  const HeadDimForwardCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  HostBatch batch = make_batch_with_dv(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, c.dims, c.dtype, c.seed, 8);
+  const ForwardResult got = api_forward(batch, c.mask, 0.0f, 8);
+  ASSERT_EQ(got.out.head_dim, c.dims.Dv);
+  expect_written_only_in_view(got.out, "out");
+  // The default scale is 1/sqrt(D) of q's head dim, not v's.
+  const NaiveResult want = naive_forward(to_dense(batch), policy_of(c.mask), scale_of(0.0f, c.dims.D));
+  expect_forward_matches(got, want, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ReferenceHeadDimsForward, ::testing::ValuesIn(head_dim_forward_cases()),
+                         [](const ::testing::TestParamInfo<HeadDimForwardCase>& info) {
+                           return info.param.name;
+                         });
+
+// Every multiple of 8 from 8 to 256, with v at D and at 8, on a small batch.
+TEST(ReferenceHeadDims, EveryMultipleOf8IsServedOnTheCpu) {
+  uint64_t seed = 7500;
+  for (int D = 8; D <= 256; D += 8)
+    for (int Dv : {D, 8}) {
+      SCOPED_TRACE("D " + std::to_string(D) + " Dv " + std::to_string(Dv) + " seed " + std::to_string(seed));
+      HostBatch batch = make_batch_with_dv({5, 0, 3}, {4, 2, 0}, 2, 1, {D, Dv}, JF_FP32, seed++, 0);
+      const MaskCase causal = all_masks()[1];
+      const ForwardResult got = api_forward(batch, causal, 0.0f, 0);
+      expect_forward_matches(got, naive_forward(to_dense(batch), policy_of(causal), scale_of(0.0f, D)),
+                             JF_FP32);
+    }
+}
+
+struct HeadDimBackwardCase {
+  std::string name;
+  HeadDimCase dims;
+  MaskCase mask;
+  HeadCase heads;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const HeadDimBackwardCase& c) { return os << c.name; }
+
+std::vector<HeadDimBackwardCase> head_dim_backward_cases() {
+  std::vector<HeadDimBackwardCase> cases;
+  uint64_t seed = 8000;
+  size_t i = 0;
+  for (const HeadDimCase& dims : kHeadDimCases)
+    for (const MaskCase& m : all_masks()) {
+      const HeadCase& h = all_heads()[i++ % all_heads().size()];
+      cases.push_back({head_dim_name(dims) + "_" + m.name + "_" + h.name, dims, m, h, seed++});
+    }
+  return cases;
+}
+
+class ReferenceHeadDimsBackward : public ::testing::TestWithParam<HeadDimBackwardCase> {};
+
+// jagflash_bwd (fp32) against central finite differences of the dense naive forward: dq and dk
+// [.., D], dv [.., Dv] from dout [.., Dv]; writes confined to the padded views.
+TEST_P(ReferenceHeadDimsBackward, MatchesFiniteDifferencesThroughTheCApi) {
+  const HeadDimBackwardCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kSamples = 20;
+  constexpr double kStep = 1e-4;
+  constexpr double kTol = 1e-4;
+  const int D = c.dims.D, Dv = c.dims.Dv, H = c.heads.H, H_kv = c.heads.H_kv;
+  HostBatch batch = make_batch_with_dv(kFdLenQ, kFdLenKv, H, H_kv, c.dims, JF_FP32, c.seed, 3);
+  HostTensor dout = make_tensor(JF_FP32, batch.total_q(), H, Dv, 5);
+  std::mt19937_64 rng(c.seed ^ 0x5eedULL);
+  dout.fill_random(rng);
+  ForwardResult fwd = api_forward(batch, c.mask, 0.0f, 0);
+  Grads g{make_tensor(JF_FP32, batch.total_q(), H, D, 7), make_tensor(JF_FP32, batch.total_kv(), H_kv, D, 7),
+          make_tensor(JF_FP32, batch.total_kv(), H_kv, Dv, 7)};
+  for (HostTensor* t : {&g.dq, &g.dk, &g.dv}) t->fill(kSentinel);
+  jf_bwd_args args =
+      backward_args(api_problem(batch, c.mask), fwd.out, dout, fwd.lse.data(), g.dq, g.dk, g.dv);
+  jf_backend served = JF_BACKEND_AUTO;
+  ASSERT_EQ(jagflash_query_backend(&args.problem, &args.launch, JF_DIRECTION_BACKWARD, &served), JF_OK)
+      << jagflash_last_error();
+  EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+  ASSERT_EQ(jagflash_bwd(&args), JF_OK) << jagflash_last_error();
+  expect_written_only_in_view(g.dq, "dq");
+  expect_written_only_in_view(g.dk, "dk");
+  expect_written_only_in_view(g.dv, "dv");
+
+  const MaskPolicy mask = policy_of(c.mask);
+  const double scale = scale_of(0.0f, D);
+  const DenseBatch base = to_dense(batch);
+  const std::vector<double> dout_dense = to_dense(dout);
+  struct Target {
+    const char* name;
+    std::vector<double> DenseBatch::*field;
+    const HostTensor* grad;
+    int heads;
+    int width;
+  };
+  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, H, D},
+                            {"dk", &DenseBatch::k, &g.dk, H_kv, D},
+                            {"dv", &DenseBatch::v, &g.dv, H_kv, Dv}};
+  for (const Target& t : targets) {
+    const double grad_max = max_abs(*t.grad);
+    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
+    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
+    for (int s = 0; s < kSamples; ++s) {
+      const size_t idx = pick(rng);
+      DenseBatch x = base;
+      (x.*(t.field))[idx] += kStep;
+      const double plus = loss_of(x, mask, scale, dout_dense);
+      (x.*(t.field))[idx] -= 2 * kStep;
+      const double minus = loss_of(x, mask, scale, dout_dense);
+      const double fd = (plus - minus) / (2 * kStep);
+      const int64_t r = static_cast<int64_t>(idx / (t.heads * t.width));
+      const int h = static_cast<int>(idx / t.width % t.heads);
+      const int d = static_cast<int>(idx % t.width);
+      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
+          << t.name << " (" << r << "," << h << "," << d << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ReferenceHeadDimsBackward, ::testing::ValuesIn(head_dim_backward_cases()),
+                         [](const ::testing::TestParamInfo<HeadDimBackwardCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace jagflash::test

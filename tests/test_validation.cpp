@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace jagflash {
@@ -29,14 +30,20 @@ struct Call {
   jf_fwd_args fwd{};
   jf_bwd_args bwd{};
 
-  Call() {
-    batch = test::make_random_batch({3, 0, 5}, {4, 2, 5}, 4, 2, 64, JF_BF16, 5);
+  // q and k at head dim d, v (and out, dout, dv) at dv_dim.
+  explicit Call(int d = 64, int dv_dim = 64) {
+    batch = test::make_random_batch({3, 0, 5}, {4, 2, 5}, 4, 2, d, JF_BF16, 5);
     const int64_t tq = batch.total_q(), tk = batch.total_kv();
-    out = test::make_tensor(JF_BF16, tq, 4, 64);
-    dout = test::make_tensor(JF_BF16, tq, 4, 64);
-    dq = test::make_tensor(JF_BF16, tq, 4, 64);
-    dk = test::make_tensor(JF_BF16, tk, 2, 64);
-    dv = test::make_tensor(JF_BF16, tk, 2, 64);
+    if (dv_dim != d) {
+      batch.v = test::make_tensor(JF_BF16, tk, 2, dv_dim);
+      std::mt19937_64 v_rng(6);
+      batch.v.fill_random(v_rng);
+    }
+    out = test::make_tensor(JF_BF16, tq, 4, dv_dim);
+    dout = test::make_tensor(JF_BF16, tq, 4, dv_dim);
+    dq = test::make_tensor(JF_BF16, tq, 4, d);
+    dk = test::make_tensor(JF_BF16, tk, 2, d);
+    dv = test::make_tensor(JF_BF16, tk, 2, dv_dim);
     for (test::HostTensor* t : {&out, &dq, &dk, &dv}) t->fill(kSentinel);
     std::mt19937_64 rng(9);
     dout.fill_random(rng);
@@ -97,10 +104,30 @@ std::vector<Case> problem_cases() {
        p([](jf_problem& q) { q.kv_offsets = nullptr; }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.kv_offsets", "NULL"}},
-      {"head dim",
-       p([](jf_problem& q) { q.q.head_dim = q.k.head_dim = q.v.head_dim = 96; }),
+      {"head dim not a multiple of 8",
+       p([](jf_problem& q) { q.q.head_dim = q.k.head_dim = q.v.head_dim = 36; }),
        JF_ERR_UNSUPPORTED,
-       {"head_dim", "64, 128 or 256", "got 96"}},
+       {"problem.q.head_dim", "a multiple of 8 from 8 to 256", "got 36"}},
+      {"head dim above 256",
+       p([](jf_problem& q) { q.q.head_dim = q.k.head_dim = q.v.head_dim = 264; }),
+       JF_ERR_UNSUPPORTED,
+       {"problem.q.head_dim", "a multiple of 8 from 8 to 256", "got 264"}},
+      {"head dim 0",
+       p([](jf_problem& q) { q.q.head_dim = q.k.head_dim = q.v.head_dim = 0; }),
+       JF_ERR_UNSUPPORTED,
+       {"problem.q.head_dim", "got 0"}},
+      {"v head dim above q's",
+       p([](jf_problem& q) { q.v.head_dim = 72; }),
+       JF_ERR_UNSUPPORTED,
+       {"problem.v.head_dim", "a multiple of 8 from 8 to q's head dim (64)", "got 72"}},
+      {"v head dim not a multiple of 8",
+       p([](jf_problem& q) { q.v.head_dim = 60; }),
+       JF_ERR_UNSUPPORTED,
+       {"problem.v.head_dim", "got 60"}},
+      {"v head dim of its own: out keeps q's",
+       p([](jf_problem& q) { q.v.head_dim = 32; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"out.head_dim", "expected 32", "got 64"}},
       {"k head dim",
        p([](jf_problem& q) { q.k.head_dim = 128; }),
        JF_ERR_INVALID_ARGUMENT,
@@ -511,6 +538,146 @@ TEST(Validation, LocationQueriesAreCounted) {
   EXPECT_FALSE(detail::is_device_pointer(host.data()));
   EXPECT_FALSE(detail::is_device_pointer(host.data() + 16));
   EXPECT_EQ(detail::pointer_location_queries() - before, 2u);
+}
+
+// Every q/k head dim that is a multiple of 8 from 8 to 256, with v at that head dim or below it,
+// is served on the CPU in both directions (by the reference: tests/test_reference.cpp checks the
+// values), with out, dout and dv at v's head dim.
+TEST(Validation, EveryMultipleOf8AndAVHeadDimOfItsOwnAreServedOnTheCpu) {
+  for (int d = 8; d <= 256; d += 8)
+    for (int dv : {8, std::max(8, d / 16 * 8), d}) {
+      SCOPED_TRACE("D " + std::to_string(d) + " Dv " + std::to_string(dv));
+      Call call(d, dv);
+      size_t bytes = 1;
+      ASSERT_EQ(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_OK) << jagflash_last_error();
+      EXPECT_EQ(bytes, 0u);
+      for (jf_direction direction : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD}) {
+        jf_backend served = JF_BACKEND_AUTO;
+        ASSERT_EQ(jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, direction, &served), JF_OK)
+            << jagflash_last_error();
+        EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+      }
+      ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+      ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+      EXPECT_FALSE(call.outputs_untouched());
+    }
+}
+
+// With a v head dim of its own (64 / 32): dq and dk keep q's and k's, out, dout and dv take v's.
+TEST(Validation, OutputsTakeTheHeadDimOfTheirInput) {
+  const std::vector<Case> fwd_cases = {
+      {"out at q's head dim",
+       [](Call& c) { c.fwd.out.head_dim = 64; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"out.head_dim", "expected 32", "got 64"}},
+  };
+  for (const Case& c : fwd_cases) {
+    Call call(64, 32);
+    c.break_it(call);
+    expect_error(jagflash_fwd(&call.fwd), c, call);
+  }
+  const std::vector<Case> bwd_cases = {
+      {"dout at q's head dim",
+       [](Call& c) { c.bwd.dout.head_dim = 64; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dout.head_dim", "expected 32", "got 64"}},
+      {"dv at k's head dim",
+       [](Call& c) { c.bwd.dv.head_dim = 64; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dv.head_dim", "expected 32", "got 64"}},
+      {"dk at v's head dim",
+       [](Call& c) { c.bwd.dk.head_dim = 32; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dk.head_dim", "expected 64", "got 32"}},
+      {"dq at v's head dim",
+       [](Call& c) { c.bwd.dq.head_dim = 32; },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dq.head_dim", "expected 64", "got 32"}},
+  };
+  for (const Case& c : bwd_cases) {
+    Call call(64, 32);
+    c.break_it(call);
+    expect_error(jagflash_bwd(&call.bwd), c, call);
+  }
+}
+
+// On CUDA no path serves anything but head dim 64, 128 or 256 with v's the same (the Hopper
+// kernels and the oracle are instantiated there only): every other pair is JF_ERR_UNSUPPORTED
+// naming the head dim, from every entry point, before any device is asked for, so this machine
+// (GPU or not) checks it through the C API.
+TEST(Validation, CudaRefusesTheHeadDimsNoGpuPathServes) {
+  struct Refused {
+    int d, dv;
+    std::string message;
+  };
+  const std::vector<Refused> refused = {
+      {8, 8,
+       "problem.q.head_dim: expected 64, 128 or 256 on CUDA (head dim 8 is served on CPU tensors only so "
+       "far), got 8"},
+      {72, 72,
+       "problem.q.head_dim: expected 64, 128 or 256 on CUDA (head dim 72 is served on CPU tensors only so "
+       "far), "
+       "got 72"},
+      {96, 96,
+       "problem.q.head_dim: expected 64, 128 or 256 on CUDA (head dim 96 is served on CPU tensors only so "
+       "far), "
+       "got 96"},
+      {200, 200,
+       "problem.q.head_dim: expected 64, 128 or 256 on CUDA (head dim 200 is served on CPU tensors only so "
+       "far), got 200"},
+      {192, 128,
+       "problem.q.head_dim: expected 64, 128 or 256 on CUDA (head dim 192 is served on CPU tensors only so "
+       "far), got 192"},
+      {64, 32,
+       "problem.v.head_dim: expected q's head dim (64) on CUDA (a v head dim of its own, 32 here, is served "
+       "on "
+       "CPU tensors only so far), got 32"},
+      {256, 128,
+       "problem.v.head_dim: expected q's head dim (256) on CUDA (a v head dim of its own, 128 here, is "
+       "served "
+       "on CPU tensors only so far), got 128"},
+  };
+  for (const Refused& r : refused) {
+    SCOPED_TRACE("D " + std::to_string(r.d) + " Dv " + std::to_string(r.dv));
+    Call call(r.d, r.dv);
+    call.fwd.problem.device = call.bwd.problem.device = JF_DEVICE_CUDA;
+    try {
+      detail::check_cuda_head_dims(call.fwd.problem);
+      ADD_FAILURE() << "accepted";
+    } catch (const detail::ApiError& e) {
+      EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
+      EXPECT_EQ(std::string(e.what()), r.message);
+    }
+    size_t bytes = 0;
+    jf_backend served = JF_BACKEND_AUTO;
+    const std::vector<std::pair<const char*, jf_status>> calls = {
+        {"jagflash_fwd_workspace_size", jagflash_fwd_workspace_size(&call.fwd, &bytes)},
+        {"jagflash_bwd_workspace_size", jagflash_bwd_workspace_size(&call.bwd, &bytes)},
+        {"jagflash_fwd", jagflash_fwd(&call.fwd)},
+        {"jagflash_bwd", jagflash_bwd(&call.bwd)},
+        {"jagflash_query_backend",
+         jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served)},
+        {"jagflash_query_backend (backward)",
+         jagflash_query_backend(&call.bwd.problem, &call.bwd.launch, JF_DIRECTION_BACKWARD, &served)},
+    };
+    // Each status is taken before the next call; the message checked is the last call's.
+    for (const auto& [name, status] : calls) EXPECT_EQ(status, JF_ERR_UNSUPPORTED) << name;
+    EXPECT_EQ(std::string(jagflash_last_error()), r.message);
+    EXPECT_EQ(served, JF_BACKEND_AUTO);
+    EXPECT_TRUE(call.outputs_untouched());
+  }
+  // What the GPU paths serve passes this check (and fails here on the host pointers, or on the
+  // missing GPU, not on a head dim).
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("D " + std::to_string(d));
+    Call call(d, d);
+    call.fwd.problem.device = JF_DEVICE_CUDA;
+    EXPECT_NO_THROW(detail::check_cuda_head_dims(call.fwd.problem));
+    EXPECT_EQ(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(jagflash_last_error()).find("head_dim"), std::string::npos)
+        << jagflash_last_error();
+    EXPECT_TRUE(call.outputs_untouched());
+  }
 }
 
 }  // namespace

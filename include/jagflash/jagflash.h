@@ -6,12 +6,17 @@
  * is written when a call fails validation.
  *
  * Layout contract (README.md, "API in one screen", has the same with an example call):
- *   q    [total_q,  H,    D]   k, v [total_kv, H_kv, D]   out [total_q, H, D]
+ *   q    [total_q,  H,    D]   k [total_kv, H_kv, D]   v [total_kv, H_kv, Dv]   out [total_q, H, Dv]
  *   lse  [H, total_q] float32, natural log of the softmax denominator
+ *   Head dims: D any multiple of 8 from 8 to 256; Dv (v.head_dim) a multiple of 8 from 8 to D. The
+ *   backward's dout is [.., Dv] like out, dq [.., D] like q, dk like k, dv like v. Served on CPU
+ *   pointers for every such pair; on CUDA only D = 64, 128 or 256 with Dv = D (anything else there
+ *   is JF_ERR_UNSUPPORTED naming q's or v's head dim). The default scale is 1/sqrt(D).
  *   q_offsets / kv_offsets: int32 [B+1], offsets[0] == 0, non-decreasing, last == total.
  * Pooled attention (problem.pooled_q_rows = Lq > 0: one query set shared by every sequence, as in
  * Pooling by Multihead Attention):
- *   q    [Lq, H, D]   k, v [total_kv, H_kv, D]   out, dout [B*Lq, H, D]   lse [H, B*Lq]
+ *   q    [Lq, H, D]   k [total_kv, H_kv, D]   v [total_kv, H_kv, Dv]   out, dout [B*Lq, H, Dv]
+ *   lse  [H, B*Lq]
  *   dq   [Lq, H, D], the sum over the B sequences;  q_offsets NULL, kv_offsets as above.
  *   Sequence b's output rows are [b*Lq, (b+1)*Lq). Wherever total_q stands for output rows
  *   (out, dout, lse) it is B*Lq.
@@ -34,7 +39,7 @@ extern "C" {
 typedef enum jf_status {
   JF_OK = 0,
   JF_ERR_INVALID_ARGUMENT = 1, /* bad shape, stride, pointer, offsets, mask ... */
-  JF_ERR_UNSUPPORTED = 2,      /* valid request this build cannot serve (head dim, dtype, backend) */
+  JF_ERR_UNSUPPORTED = 2,      /* valid request this build cannot serve (head dim, dtype, backend, device) */
   JF_ERR_CUDA = 3,             /* a CUDA runtime call failed */
   JF_ERR_INTERNAL = 4
 } jf_status;
@@ -107,11 +112,11 @@ typedef struct jf_problem {
   const int32_t* kv_offsets; /* [B+1] */
   jf_tensor q;               /* [total_q, H, D] */
   jf_tensor k;               /* [total_kv, H_kv, D] */
-  jf_tensor v;               /* [total_kv, H_kv, D] */
+  jf_tensor v;               /* [total_kv, H_kv, Dv], Dv <= D */
   jf_mask mask;
   int32_t window_left; /* JF_MASK_WINDOW only, -1 = unbounded */
   int32_t window_right;
-  float scale; /* 0 means 1/sqrt(D) */
+  float scale; /* 0 means 1/sqrt(D), D = q.head_dim */
   /* 0: ordinary attention (the contract above). Lq > 0: pooled attention. The query set q
    * [Lq, H, D] (q.rows == Lq) is shared by all B sequences: sequence b attends with every query
    * row over its own keys kv_offsets[b] .. kv_offsets[b+1]. q_offsets must be NULL. out and dout
@@ -162,19 +167,19 @@ typedef struct jf_launch {
 
 typedef struct jf_fwd_args {
   jf_problem problem;
-  jf_tensor out; /* [total_q, H, D], same dtype as q */
+  jf_tensor out; /* [total_q, H, Dv], same dtype as q */
   float* lse;    /* [H, total_q]; may be NULL */
   jf_launch launch;
 } jf_fwd_args;
 
 typedef struct jf_bwd_args {
   jf_problem problem;
-  jf_tensor out;    /* forward output */
-  jf_tensor dout;   /* gradient of out */
+  jf_tensor out;    /* forward output [total_q, H, Dv] */
+  jf_tensor dout;   /* gradient of out [total_q, H, Dv] */
   const float* lse; /* [H, total_q] from the forward; required */
   jf_tensor dq;     /* [total_q, H, D] */
   jf_tensor dk;     /* [total_kv, H_kv, D]; with GQA the sum over the group's heads */
-  jf_tensor dv;
+  jf_tensor dv;     /* [total_kv, H_kv, Dv], likewise */
   jf_launch launch;
 } jf_bwd_args;
 
@@ -196,19 +201,22 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
 /* Which backend serves a jagflash_fwd (JF_DIRECTION_FORWARD) or jagflash_bwd call with this
  * problem and launch, on the current CUDA device: launch->backend resolved exactly as the call
  * resolves it (both run the same choice), so a call that returned JF_OK was served by *served.
- *   JF_BACKEND_REFERENCE  CPU pointers.
+ *   JF_BACKEND_REFERENCE  CPU pointers (every head dim pair validation accepts).
  *   JF_BACKEND_HOPPER     fast path: compute capability 9.0 (H100, H200, GH200), bf16/fp16,
  *                         head dim 64/128/256 (backward: 64/128), in a build with sm_90a.
  *   JF_BACKEND_ORACLE     slow path (fp32 on CUDA cores, correct, one to two orders of magnitude
- *                         slower): every other call on the GPU. On compute capability 9.0 it
+ *                         slower): every other GPU call at head dim 64/128/256 (v's the
+ *                         same as q's, as for the Hopper kernels). On compute capability 9.0 it
  *                         runs from SASS; on any other GPU of compute capability 8.0 or newer
  *                         (A100, L40, B200, ...) from compute_80 PTX the driver compiles on
  *                         first use.
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
- * them: JF_ERR_UNSUPPORTED for a dtype/head dim this build does not instantiate, for
- * JF_BACKEND_HOPPER where it cannot serve, and for a GPU this build has no device code for (older
- * than compute capability 8.0). Reads no device memory and does not sync. */
+ * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a head dim other than 64, 128 or 256
+ * or a v head dim of its own (naming problem.q.head_dim / problem.v.head_dim), a dtype/head dim
+ * this build does not instantiate, JF_BACKEND_HOPPER where it cannot serve, and a GPU this build
+ * has no device code for (older than compute capability 8.0). Reads no device memory and does not
+ * sync. */
 jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
                                  jf_backend* served);
 

@@ -40,7 +40,10 @@ inline jf_tensor tensor_view(void* data, int64_t rows, int32_t heads, int32_t he
   return t;
 }
 
-// A problem with defaults: no mask, default scale, default launch.
+// A problem with defaults: no mask, default scale (1/sqrt of q's head dim), default launch. v may
+// have a head dim of its own (Dv <= q's): out, dout and dv are then [.., Dv] (jagflash.h).
+// Views of CUDA memory are served at head dims 64, 128 and 256 with Dv equal to it; others
+// throw Error with JF_ERR_UNSUPPORTED naming the head dim (query_backend says so up front).
 inline jf_problem make_problem(jf_dtype dtype, jf_device device, int32_t batch_size, const int32_t* q_offsets,
                                const int32_t* kv_offsets, jf_tensor q, jf_tensor k, jf_tensor v) {
   jf_problem p{};
@@ -71,7 +74,7 @@ inline void set_window(jf_problem& p, int32_t left, int32_t right) {
 }
 
 // Pooled attention (jf_problem.pooled_q_rows): q [lq, H, D] shared by every sequence, so no q
-// offsets; out [B*lq, H, D], lse [H, B*lq], dq [lq, H, D].
+// offsets; out [B*lq, H, Dv], lse [H, B*lq], dq [lq, H, D] (Dv: v's head dim).
 inline void set_pooled(jf_problem& p, int32_t lq) {
   p.pooled_q_rows = lq;
   p.q_offsets = nullptr;

@@ -118,9 +118,10 @@ def test_errors_carry_the_c_message_and_become_the_package_exceptions():
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^problem\.v\.rows: expected 10, got 9$") as caught:
         _launch.forward(batch.q, batch.k, v_short, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
     assert caught.value.status == _capi.ERR_INVALID_ARGUMENT
-    q48 = torch.randn(10, 4, 48)
-    with pytest.raises(jagflash.UnsupportedError, match=r"problem\.q\.head_dim: expected 64, 128 or 256, got 48") as caught:
-        _launch.forward(q48, q48, q48, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
+    q36 = torch.randn(10, 4, 36)
+    with pytest.raises(jagflash.UnsupportedError,
+                       match=r"problem\.q\.head_dim: expected a multiple of 8 from 8 to 256, got 36") as caught:
+        _launch.forward(q36, q36, q36, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
     assert caught.value.status == _capi.ERR_UNSUPPORTED
     with pytest.raises(RuntimeError, match=r"^\[jagflash status 1\] offsets_check: expected 0 \(host\) or 1"):
         torch.ops.jagflash_c.fwd(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, 7, 0)

@@ -132,9 +132,9 @@ def test_errors_name_the_nested_tensors_dims():
     kv = torch.nested.nested_tensor([torch.randn(3, 3, 64), torch.randn(5, 3, 64)], layout=torch.jagged)
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^k.shape\[2\]: expected a divisor of q.shape\[2\] \(4\)"):
         jagflash.attention(q, kv, kv)
-    q48 = torch.nested.nested_tensor([torch.randn(3, 4, 48), torch.randn(5, 4, 48)], layout=torch.jagged)
-    with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected 64, 128 or 256, got 48$"):
-        jagflash.attention(q48, q48, q48)
+    q36 = torch.nested.nested_tensor([torch.randn(3, 4, 36), torch.randn(5, 4, 36)], layout=torch.jagged)
+    with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected a multiple of 8 from 8 to 256, got 36$"):
+        jagflash.attention(q36, q36, q36)
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")

@@ -25,6 +25,7 @@ constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
 // TMA (the Hopper kernels' loads) needs 16-byte aligned bases and strides; the GPU path enforces
 // it for every backend so a caller's layout never works on one backend and fails on another.
 constexpr size_t kGpuAlignBytes = 16;
+constexpr int32_t kMinHeadDim = 8, kMaxHeadDim = 256, kHeadDimStep = 8;
 
 const char* device_name(jf_device d) { return d == JF_DEVICE_CUDA ? "JF_DEVICE_CUDA" : "JF_DEVICE_CPU"; }
 
@@ -46,9 +47,17 @@ void check_enum(const char* name, const E& field, int lo, int hi, const char* ex
   if (value < lo || value > hi) fail_argument(name, expected, value);
 }
 
-void check_head_dim(const char* name, int32_t head_dim) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    fail_argument(name, "64, 128 or 256", head_dim, JF_ERR_UNSUPPORTED);
+// q's (and k's) head dim: any multiple of 8 up to 256, as FlashAttention-2 takes. v's may be
+// smaller (DeepSeek's 192 / 128): out, dout and dv then have v's.
+void check_head_dims(const jf_problem& p) {
+  const int32_t d = p.q.head_dim, dv = p.v.head_dim;
+  if (d < kMinHeadDim || d > kMaxHeadDim || d % kHeadDimStep != 0)
+    fail_argument("problem.q.head_dim", "a multiple of 8 from 8 to 256", d, JF_ERR_UNSUPPORTED);
+  if (dv < kMinHeadDim || dv > d || dv % kHeadDimStep != 0) {
+    std::ostringstream e;
+    e << "a multiple of 8 from 8 to q's head dim (" << d << ")";
+    fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
+  }
 }
 
 // lse (float) and the offsets (int32) are read and written as their type: a pointer that is not
@@ -147,6 +156,10 @@ void check_problem(const jf_problem& p, bool ask_location) {
   check_enum("problem.device", p.device, JF_DEVICE_CPU, JF_DEVICE_CUDA, "JF_DEVICE_CPU or JF_DEVICE_CUDA");
   check_enum("problem.mask", p.mask, JF_MASK_NONE, JF_MASK_WINDOW,
              "JF_MASK_NONE, JF_MASK_CAUSAL or JF_MASK_WINDOW");
+  // Head dims first: what no path serves on the device asked for is said as such, also in a
+  // process that sees no GPU (where the device check below would refuse it anyway).
+  check_head_dims(p);
+  if (p.device == JF_DEVICE_CUDA) check_cuda_head_dims(p);
   if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
     fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
@@ -177,7 +190,6 @@ void check_problem(const jf_problem& p, bool ask_location) {
     e << "a divisor of q.heads (" << p.q.heads << ")";
     fail_argument("problem.k.heads", e.str(), p.k.heads);
   }
-  check_head_dim("problem.q.head_dim", p.q.head_dim);
   if (p.q.rows < 0 || p.q.rows > kMaxTokens) fail_argument("problem.q.rows", "in [0, 2^31-1]", p.q.rows);
   if (is_pooled(p) && p.q.rows != p.pooled_q_rows) {
     std::ostringstream e;
@@ -189,7 +201,7 @@ void check_problem(const jf_problem& p, bool ask_location) {
   const int32_t h = p.q.heads, h_kv = p.k.heads, d = p.q.head_dim;
   check_tensor("problem.q", p.q, p.q.rows, h, d, p, ask_location);
   check_tensor("problem.k", p.k, p.k.rows, h_kv, d, p, ask_location);
-  check_tensor("problem.v", p.v, p.k.rows, h_kv, d, p, ask_location);
+  check_tensor("problem.v", p.v, p.k.rows, h_kv, p.v.head_dim, p, ask_location);
 
   if (p.mask == JF_MASK_WINDOW) {
     if (p.window_left < -1) fail_argument("problem.window_left", ">= -1 (-1 = unbounded)", p.window_left);
@@ -435,6 +447,21 @@ bool is_device_pointer(const void* p) {
   return r.on_device;
 }
 
+void check_cuda_head_dims(const jf_problem& p) {
+  const int32_t d = p.q.head_dim, dv = p.v.head_dim;
+  if (d != 64 && d != 128 && d != 256) {
+    std::ostringstream e;
+    e << "64, 128 or 256 on CUDA (head dim " << d << " is served on CPU tensors only so far)";
+    fail_argument("problem.q.head_dim", e.str(), d, JF_ERR_UNSUPPORTED);
+  }
+  if (dv != d) {
+    std::ostringstream e;
+    e << "q's head dim (" << d << ") on CUDA (a v head dim of its own, " << dv
+      << " here, is served on CPU tensors only so far)";
+    fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
+  }
+}
+
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
   check_problem(p, ask_locations(l));
   check_launch(l, p);
@@ -462,7 +489,7 @@ void validate_forward_shapes(const jf_fwd_args& a) {
   const bool ask = ask_locations(a.launch);
   check_problem(p, ask);
   check_launch(a.launch, p);
-  check_tensor("out", a.out, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
+  check_tensor("out", a.out, output_rows(p), p.q.heads, p.v.head_dim, p, ask);
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device, ask);
   check_no_overlap(forward_outputs(a), problem_inputs(p));
@@ -473,12 +500,13 @@ void validate_backward_shapes(const jf_bwd_args& a) {
   const bool ask = ask_locations(a.launch);
   check_problem(p, ask);
   check_launch(a.launch, p);
-  // Pooled: out and dout [B*Lq, H, D], dq [Lq, H, D] like q; otherwise all three [total_q, H, D].
-  check_tensor("out", a.out, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
-  check_tensor("dout", a.dout, output_rows(p), p.q.heads, p.q.head_dim, p, ask);
+  // Pooled: out and dout [B*Lq, H, Dv], dq [Lq, H, D] like q; otherwise out and dout
+  // [total_q, H, Dv], dq [total_q, H, D]. dk like k, dv like v.
+  check_tensor("out", a.out, output_rows(p), p.q.heads, p.v.head_dim, p, ask);
+  check_tensor("dout", a.dout, output_rows(p), p.q.heads, p.v.head_dim, p, ask);
   check_tensor("dq", a.dq, p.q.rows, p.q.heads, p.q.head_dim, p, ask);
   check_tensor("dk", a.dk, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
-  check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.k.head_dim, p, ask);
+  check_tensor("dv", a.dv, p.k.rows, p.k.heads, p.v.head_dim, p, ask);
   if (a.lse == nullptr && output_rows(p) > 0)
     fail_argument(
         "lse",

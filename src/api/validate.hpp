@@ -27,6 +27,12 @@ void validate_backward_shapes(const jf_bwd_args& args);
 // The problem and the launch alone (what choosing a backend needs): jagflash_query_backend.
 void validate_problem_and_launch(const jf_problem& problem, const jf_launch& launch);
 
+// The head dims some GPU path serves today (the Hopper kernels and the oracle: 64, 128 or 256, v's
+// the same as q's); anything else, valid on CPU tensors, is JF_ERR_UNSUPPORTED naming q's or v's
+// head dim. Every call with problem.device = JF_DEVICE_CUDA runs it (after the head dims' general
+// rules), before any kernel is chosen, so no GPU path ever sees another head dim.
+void check_cuda_head_dims(const jf_problem& problem);
+
 // Whether the CUDA driver knows `p` as device (or managed) memory; false without a driver. One
 // driver query, unless a PointerLocationScope is open on this thread and `p` lies in an allocation
 // already asked about in it.

@@ -10,7 +10,8 @@
 //
 // Per task, every operand is copied into a contiguous row-major [rows, D] double buffer; a query
 // row then needs only its visible key range, so memory is O((Lq + Lk) * D) and no Lq x Lk matrix
-// is ever built.
+// is ever built. q, k, dq and dk have q's head dim D; v, out, dout and dv have v's, Dv <= D (each
+// buffer is as wide as the view it is loaded from).
 #include "reference/reference.hpp"
 
 #include "core/dtype.hpp"
@@ -172,7 +173,7 @@ template <typename T>
 void forward_task(const jf_fwd_args& args, const Task& task) {
   const jf_problem& problem = args.problem;
   const SequenceSpan s = span_of(problem, task.batch);
-  const int64_t d_count = problem.q.head_dim;
+  const int64_t d_count = problem.q.head_dim, dv_count = problem.v.head_dim;
   const int32_t group = problem.q.heads / problem.k.heads;
   const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
@@ -183,17 +184,17 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
   load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
   for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
-    o_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
+    o_f64.assign(static_cast<size_t>(s.lq * dv_count), 0.0);
     for (int64_t i = 0; i < s.lq; ++i) {
       const IndexRange range = mask.key_range(i, s.lq, s.lk);
       double lse = -std::numeric_limits<double>::infinity();
       if (!range.empty()) {
         lse = row_softmax(q_f64.data() + i * d_count, k_f64, range, d_count, scale, p);
-        double* o_row = o_f64.data() + i * d_count;
+        double* o_row = o_f64.data() + i * dv_count;
         for (int64_t j = range.lo; j <= range.hi; ++j) {
           const double p_ij = p[static_cast<size_t>(j - range.lo)];
-          const double* v_row = v_f64.data() + j * d_count;
-          for (int64_t d = 0; d < d_count; ++d) o_row[d] += p_ij * v_row[d];
+          const double* v_row = v_f64.data() + j * dv_count;
+          for (int64_t d = 0; d < dv_count; ++d) o_row[d] += p_ij * v_row[d];
         }
       }
       if (args.lse != nullptr) args.lse[h * lse_rows + s.out_begin + i] = static_cast<float>(lse);
@@ -208,8 +209,9 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
 // delta comes from P and dP rather than from rowsum(dO * O) with the stored O, so the reference
 // carries no rounding of O.
 //
-// One (sequence, query head), operands as contiguous [rows, D] buffers: adds the head's
-// contributions to dq_f64 [lq, D] and to dk_f64, dv_f64 [lk, D], each skipped when null.
+// One (sequence, query head), operands as contiguous [rows, width] buffers (q, k: D; v, dO: Dv):
+// adds the head's contributions to dq_f64 [lq, D] and to dk_f64 [lk, D], dv_f64 [lk, Dv], each
+// skipped when null.
 struct HeadGrads {
   double* dq_f64;
   double* dk_f64;
@@ -218,18 +220,19 @@ struct HeadGrads {
 
 void accumulate_head_backward(const std::vector<double>& q_f64, const std::vector<double>& do_f64,
                               const std::vector<double>& k_f64, const std::vector<double>& v_f64,
-                              const SequenceSpan& s, int64_t d_count, const MaskPolicy& mask, double scale,
-                              HeadGrads grads, std::vector<double>& p, std::vector<double>& dp) {
+                              const SequenceSpan& s, int64_t d_count, int64_t dv_count,
+                              const MaskPolicy& mask, double scale, HeadGrads grads, std::vector<double>& p,
+                              std::vector<double>& dp) {
   for (int64_t i = 0; i < s.lq; ++i) {
     const IndexRange range = mask.key_range(i, s.lq, s.lk);
     if (range.empty()) continue;
     const double* q_row = q_f64.data() + i * d_count;
-    const double* do_row = do_f64.data() + i * d_count;
+    const double* do_row = do_f64.data() + i * dv_count;
     row_softmax(q_row, k_f64, range, d_count, scale, p);
     double delta_i = 0.0;
     for (int64_t j = range.lo; j <= range.hi; ++j) {
       const size_t jj = static_cast<size_t>(j - range.lo);
-      dp[jj] = dot(do_row, v_f64.data() + j * d_count, d_count);
+      dp[jj] = dot(do_row, v_f64.data() + j * dv_count, dv_count);
       delta_i += p[jj] * dp[jj];
     }
     double* dq_row = grads.dq_f64 != nullptr ? grads.dq_f64 + i * d_count : nullptr;
@@ -241,11 +244,9 @@ void accumulate_head_backward(const std::vector<double>& q_f64, const std::vecto
         for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
       if (grads.dk_f64 != nullptr) {
         double* dk_row = grads.dk_f64 + j * d_count;
-        double* dv_row = grads.dv_f64 + j * d_count;
-        for (int64_t d = 0; d < d_count; ++d) {
-          dk_row[d] += scale * ds_ij * q_row[d];
-          dv_row[d] += p[jj] * do_row[d];
-        }
+        double* dv_row = grads.dv_f64 + j * dv_count;
+        for (int64_t d = 0; d < d_count; ++d) dk_row[d] += scale * ds_ij * q_row[d];
+        for (int64_t d = 0; d < dv_count; ++d) dv_row[d] += p[jj] * do_row[d];
       }
     }
   }
@@ -257,7 +258,7 @@ template <typename T>
 void backward_task(const jf_bwd_args& args, const Task& task) {
   const jf_problem& problem = args.problem;
   const SequenceSpan s = span_of(problem, task.batch);
-  const int64_t d_count = problem.q.head_dim;
+  const int64_t d_count = problem.q.head_dim, dv_count = problem.v.head_dim;
   const int32_t group = problem.q.heads / problem.k.heads;
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
@@ -266,14 +267,14 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   std::vector<double> k_f64, v_f64, q_f64, do_f64, dq_f64;
   std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk));
   std::vector<double> dk_f64(static_cast<size_t>(s.lk * d_count), 0.0);
-  std::vector<double> dv_f64(static_cast<size_t>(s.lk * d_count), 0.0);
+  std::vector<double> dv_f64(static_cast<size_t>(s.lk * dv_count), 0.0);
   load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
   load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
   for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
     if (own_dq) dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, mask, scale,
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, scale,
                              {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()}, p, dp);
     if (own_dq) store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
   }
@@ -288,7 +289,7 @@ template <typename T>
 void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
   const jf_problem& problem = args.problem;
   const int64_t lq = problem.pooled_q_rows;
-  const int64_t d_count = problem.q.head_dim;
+  const int64_t d_count = problem.q.head_dim, dv_count = problem.v.head_dim;
   const int32_t kv_head = h / (problem.q.heads / problem.k.heads);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
@@ -304,7 +305,7 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
     load_head<T>(problem.k, s.kv_begin, s.lk, kv_head, k_f64);
     load_head<T>(problem.v, s.kv_begin, s.lk, kv_head, v_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, mask, scale,
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, scale,
                              {dq_f64.data(), nullptr, nullptr}, p, dp);
   }
   store_head<T>(args.dq, 0, lq, h, dq_f64);

@@ -62,15 +62,23 @@ class Judge {
     if (p.k.heads <= 0) add("problem.k.heads", "> 0");
     if (p.q.heads > 0 && p.k.heads > 0 && p.q.heads % p.k.heads != 0)
       add("problem.k.heads", "divides q.heads");
-    const int32_t d = p.q.head_dim;
-    if (d != 64 && d != 128 && d != 256) add("problem.q.head_dim", "64, 128 or 256", JF_ERR_UNSUPPORTED);
+    // Head dims: q's (and k's) any multiple of 8 from 8 to 256, v's one up to q's; on CUDA only
+    // 64, 128 or 256 with v's the same (what a GPU path serves), whether or not a GPU is present.
+    const int32_t d = p.q.head_dim, dv = p.v.head_dim;
+    if (d < 8 || d > 256 || d % 8 != 0)
+      add("problem.q.head_dim", "a multiple of 8 up to 256", JF_ERR_UNSUPPORTED);
+    if (dv < 8 || dv > d || dv % 8 != 0)
+      add("problem.v.head_dim", "a multiple of 8 up to q's", JF_ERR_UNSUPPORTED);
+    if (device_ == JF_DEVICE_CUDA && d != 64 && d != 128 && d != 256)
+      add("problem.q.head_dim", "64, 128 or 256 on CUDA", JF_ERR_UNSUPPORTED);
+    if (device_ == JF_DEVICE_CUDA && dv != d) add("problem.v.head_dim", "q's on CUDA", JF_ERR_UNSUPPORTED);
     for (const auto& [name, rows] : {std::pair<const char*, int64_t>{"problem.q.rows", p.q.rows},
                                      std::pair<const char*, int64_t>{"problem.k.rows", p.k.rows}})
       if (rows < 0 || rows > std::numeric_limits<int32_t>::max())
         add(name, "a row count int32 offsets can reach");
     tensor("problem.q", p.q, p.q.rows, p.q.heads, d);
     tensor("problem.k", p.k, p.k.rows, p.k.heads, d);
-    tensor("problem.v", p.v, p.k.rows, p.k.heads, d);
+    tensor("problem.v", p.v, p.k.rows, p.k.heads, dv);
 
     if (mask == JF_MASK_WINDOW) {
       if (p.window_left < -1) add("problem.window_left", ">= -1 with JF_MASK_WINDOW");
@@ -252,7 +260,7 @@ Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present) {
   if (a == nullptr) return j.take();
   const jf_problem& p = a->problem;
   j.problem(p, a->launch);
-  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.q.head_dim);
+  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.v.head_dim);
   j.lse(a->lse);
   j.disjoint({{"out", j.span(a->out)}, {"lse", j.lse_span(a->lse, p)}},
              {{"problem.q", j.span(p.q)},
@@ -270,11 +278,11 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present) 
   if (a == nullptr) return j.take();
   const jf_problem& p = a->problem;
   j.problem(p, a->launch);
-  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.q.head_dim);
-  j.tensor("dout", a->dout, j.out_rows(p), p.q.heads, p.q.head_dim);
+  j.tensor("out", a->out, j.out_rows(p), p.q.heads, p.v.head_dim);
+  j.tensor("dout", a->dout, j.out_rows(p), p.q.heads, p.v.head_dim);
   j.tensor("dq", a->dq, p.q.rows, p.q.heads, p.q.head_dim);
   j.tensor("dk", a->dk, p.k.rows, p.k.heads, p.q.head_dim);
-  j.tensor("dv", a->dv, p.k.rows, p.k.heads, p.q.head_dim);
+  j.tensor("dv", a->dv, p.k.rows, p.k.heads, p.v.head_dim);
   if (a->lse == nullptr && j.out_rows(p) > 0) j.add("lse", "the forward's lse (required)");
   j.lse(a->lse);
   j.disjoint({{"dq", j.span(a->dq)}, {"dk", j.span(a->dk)}, {"dv", j.span(a->dv)}},
