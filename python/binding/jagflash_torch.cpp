@@ -347,8 +347,10 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_of
                      max_seqlen);
 }
 
-bool same_as_q(const Tensor& t, const Tensor& q) {
-  return t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == q.size(2) &&
+// out and dout: q's rows and heads, v's head dim (which may be smaller than q's), q's dtype and
+// device.
+bool shaped_like_out(const Tensor& t, const Tensor& q, const Tensor& v) {
+  return t.dim() == 3 && t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(2) == v.size(2) &&
          dtype_of(t) == dtype_of(q) && place_of(t) == place_of(q);
 }
 
@@ -369,7 +371,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
-  if (!same_as_q(dout, q) || !same_as_q(out, q)) fail_input("dout or out unlike q");
+  if (!shaped_like_out(dout, q, v) || !shaped_like_out(out, q, v)) fail_input("dout or out unlike q/v");
   // The C API takes lse as a bare float pointer: its shape and dtype can only be checked here.
   if (lse.dim() != 2 || lse.size(0) != q.size(1) || lse.size(1) != q.size(0) ||
       dtype_of(lse) != codes().fp32 || !(place_of(lse) == place_of(q))) {
@@ -380,7 +382,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
 }
 
 // ---- Pooled attention (jf_problem.pooled_q_rows, issue 17): one query set q [Lq, H, D] shared by
-// every sequence of k, v (kv_offsets [B+1]); out [B*Lq, H, D], lse [H, B*Lq], dq [Lq, H, D].
+// every sequence of k, v (kv_offsets [B+1]); out [B*Lq, H, Dv], lse [H, B*Lq], dq [Lq, H, D].
 
 // check_inputs less q_offsets: python/jagflash/_launch.py's check_pooled_inputs words these.
 void check_pooled_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& kv_offsets) {
@@ -425,9 +427,10 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
   v = prepared(v, place);
   Tensor q_offsets_c = q_offsets != nullptr ? contiguous_offsets(*q_offsets, place) : Tensor();
   kv_offsets = contiguous_offsets(kv_offsets, place);
-  // The output rows: total_q, or B * Lq for a pooled call.
+  // The output rows: total_q, or B * Lq for a pooled call; v's head dim (the C library checks the
+  // head dims).
   const int64_t rows = q_offsets != nullptr ? q.size(0) : pooled_rows(q, kv_offsets);
-  Tensor out = empty({rows, q.size(1), q.size(2)}, dtype_of(q), place);
+  Tensor out = empty({rows, q.size(1), v.size(2)}, dtype_of(q), place);
   Tensor lse = empty({q.size(1), rows}, codes().fp32, place);
   jf_fwd_args args{};
   args.problem =
@@ -451,7 +454,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
   check_scale(scale);
   const int64_t rows = pooled_rows(q, kv_offsets);
   for (const Tensor* t : {&dout, &out}) {
-    if (t->dim() != 3 || t->size(0) != rows || t->size(1) != q.size(1) || t->size(2) != q.size(2) ||
+    if (t->dim() != 3 || t->size(0) != rows || t->size(1) != q.size(1) || t->size(2) != v.size(2) ||
         dtype_of(*t) != dtype_of(q) || !(place_of(*t) == place_of(q))) {
       fail_input("pooled dout or out");
     }
@@ -508,7 +511,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
 }  // namespace torch_binding
 }  // namespace jagflash
 
-// Outputs: out [total_q, H, D] (q's dtype), lse [H, total_q] float32 (natural log), then the
+// Outputs: out [total_q, H, Dv] (q's dtype, v's head dim), lse [H, total_q] float32 (natural log), then the
 // workspace the call used (uint8; undefined, None in Python, when it needed none), in which a
 // device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
@@ -519,7 +522,7 @@ STABLE_TORCH_LIBRARY(jagflash_c, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
       "int max_seqlen, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
-  // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, D],
+  // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv],
   // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
   m.def(
       "pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int mask, int window_left, "

@@ -5,8 +5,10 @@ include/jagflash/jagflash.h; the calls run the same choice):
   "hopper"     the fast kernels: compute capability 9.0 (H100, H200), bf16/fp16, head dim
                64/128/256 (backward: 64/128);
   "oracle"     the slow path: fp32 on CUDA cores, correct on every GPU of compute capability 8.0
-               or newer, one to two orders of magnitude slower;
-  "reference"  CPU tensors: the C++ float64 reference.
+               or newer, one to two orders of magnitude slower (head dim 64/128/256);
+  "reference"  CPU tensors: the C++ float64 reference (every head dim: any multiple of 8 up to
+               256, v's up to q's).
+On CUDA no path serves another head dim, or a v head dim of its own, yet: UnsupportedError.
 The first CUDA call the oracle serves warns with SlowPathWarning (once per process).
 """
 import ctypes
@@ -55,7 +57,8 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
-    for the tensors' dtype, shapes, device or head dim."""
+    for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
+    head dims on that device: on CUDA anything but 64, 128 or 256 with v's the same)."""
     if not isinstance(backward, bool):
         raise _errors.invalid_argument("backward", "True or False", repr(backward))
     # Imported here: _launch imports this module (note_cuda_call).
@@ -67,6 +70,7 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     q_offsets = _offsets("q_offsets", q_offsets)
     kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_head_dims(q, k, v)
     q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
     problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)

@@ -50,6 +50,38 @@ def check_inputs(q, k, v, q_offsets, kv_offsets):
         )
 
 
+# Head dims (the C library's rules, include/jagflash/jagflash.h): q's and k's any multiple of 8 from 8
+# to 256, v's (and out's, dout's, dv's) one up to q's; on CUDA only what a GPU path serves today.
+_HEAD_DIM_STEP, _MAX_HEAD_DIM = 8, 256
+_CUDA_HEAD_DIMS = (64, 128, 256)
+
+
+def check_head_dims(q, k, v):
+    """The head dims the C library accepts, with its messages in the ops' terms (q.shape[-1]):
+    UnsupportedError for one no path serves, on the tensors' device (on CUDA: 64, 128 or 256, v's
+    the same as q's), InvalidArgumentError for k's differing from q's. The fake kernels and
+    jagflash.backend() run it, so a traced call fails where an eager one would; an eager call
+    leaves it to the C library, which says the same."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d < _HEAD_DIM_STEP or d > _MAX_HEAD_DIM or d % _HEAD_DIM_STEP != 0:
+        raise _errors.UnsupportedError(f"q.shape[-1]: expected a multiple of 8 from 8 to 256, got {d}",
+                                       _capi.ERR_UNSUPPORTED)
+    if dv < _HEAD_DIM_STEP or dv > d or dv % _HEAD_DIM_STEP != 0:
+        raise _errors.UnsupportedError(f"v.shape[-1]: expected a multiple of 8 from 8 to q's head dim ({d}), got {dv}",
+                                       _capi.ERR_UNSUPPORTED)
+    if q.device.type == "cuda":
+        if d not in _CUDA_HEAD_DIMS:
+            raise _errors.UnsupportedError(
+                f"q.shape[-1]: expected 64, 128 or 256 on CUDA (head dim {d} is served on CPU tensors only so far), "
+                f"got {d}", _capi.ERR_UNSUPPORTED)
+        if dv != d:
+            raise _errors.UnsupportedError(
+                f"v.shape[-1]: expected q's head dim ({d}) on CUDA (a v head dim of its own, {dv} here, is served on "
+                f"CPU tensors only so far), got {dv}", _capi.ERR_UNSUPPORTED)
+    if k.shape[-1] != d:
+        raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])
+
+
 # The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
 # non-zero as the float32 the C API holds (the binding checks the same: check_scale in
 # python/binding/jagflash_torch.cpp). Bounds as in functional._scale.
@@ -67,13 +99,16 @@ def check_op_scalars(scale, check_offsets):
 
 
 def check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets):
-    """check_inputs, and dout / out like q, lse float32 [H, total_q] (the C API takes lse as a
-    bare pointer: its shape and dtype can only be checked before the call)."""
+    """check_inputs, and dout / out [total_q, H, Dv] in q's dtype and device (Dv: v's head dim),
+    lse float32 [H, total_q] (the C API takes lse as a bare pointer: its shape and dtype can only
+    be checked before the call)."""
     check_inputs(q, k, v, q_offsets, kv_offsets)
+    shape = (q.shape[0], q.shape[1], v.shape[-1])
     for name, t in (("dout", dout), ("out", out)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+        if t.shape != shape or t.dtype != q.dtype or t.device != q.device:
             raise _errors.invalid_argument(
-                name, f"{q.dtype} {tuple(q.shape)} on {q.device} (like q)", f"{t.dtype} {tuple(t.shape)} on {t.device}"
+                name, f"{q.dtype} {shape} on {q.device} (q's rows and heads, v's head dim)",
+                f"{t.dtype} {tuple(t.shape)} on {t.device}"
             )
     if lse.shape != (q.shape[1], q.shape[0]) or lse.dtype != torch.float32 or lse.device != q.device:
         raise _errors.invalid_argument(
@@ -107,14 +142,14 @@ def check_pooled_inputs(q, k, v, kv_offsets):
 
 
 def check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets):
-    """check_pooled_inputs, and dout / out [B*Lq, H, D] like q, lse float32 [H, B*Lq]."""
+    """check_pooled_inputs, and dout / out [B*Lq, H, Dv] in q's dtype, lse float32 [H, B*Lq]."""
     check_pooled_inputs(q, k, v, kv_offsets)
     rows = (kv_offsets.numel() - 1) * q.shape[0]
-    shape = (rows, q.shape[1], q.shape[2])
+    shape = (rows, q.shape[1], v.shape[2])
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != shape or t.dtype != q.dtype or t.device != q.device:
             raise _errors.invalid_argument(
-                name, f"{q.dtype} [B*Lq, H, D] = {list(shape)} on {q.device}", f"{t.dtype} {list(t.shape)} on {t.device}"
+                name, f"{q.dtype} [B*Lq, H, Dv] = {list(shape)} on {q.device}", f"{t.dtype} {list(t.shape)} on {t.device}"
             )
     if lse.shape != (q.shape[1], rows) or lse.dtype != torch.float32 or lse.device != q.device:
         raise _errors.invalid_argument(
@@ -186,7 +221,7 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
 
 
 def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
-    """out [total_q, H, D] (q's dtype) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
+    """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
     bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint)."""
     fwd_op = _fwd_op or _ops()[0]
     device = q.device
@@ -203,7 +238,8 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
 
 def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
              max_seqlen=0, deterministic=False):
-    """dq, dk, dv in the inputs' dtype; with GQA dk/dv sum over each group's query heads.
+    """dq, dk, dv in the inputs' dtype and shapes (dout [.., Dv] like out); with GQA dk/dv sum
+    over each group's query heads.
     deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
     always are)."""
     bwd_op = _bwd_op or _ops()[1]
@@ -287,7 +323,7 @@ def _device_guard(device):
 
 def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
     """Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by the B sequences of
-    kv_offsets; out [B*Lq, H, D] (q's dtype), lse [H, B*Lq] (float32)."""
+    kv_offsets; out [B*Lq, H, Dv] (q's dtype), lse [H, B*Lq] (float32)."""
     fwd_op = _pooled_ops()[0]
     device = q.device
     try:

@@ -254,16 +254,19 @@ def jagged_attention(
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
-    q: [total_q, H, D]; k, v: [total_kv, H_kv, D] with H % H_kv == 0 (GQA/MQA); bf16 or fp16
-    (fp32 also accepted). Rows may be strided (slices of a fused QKV); the head dim is made
-    contiguous when it is not.
+    q: [total_q, H, D]; k: [total_kv, H_kv, D]; v: [total_kv, H_kv, Dv] with H % H_kv == 0
+    (GQA/MQA); bf16 or fp16 (fp32 also accepted). Returns out [total_q, H, Dv]. Head dims: on CPU
+    tensors D any multiple of 8 from 8 to 256 and Dv one up to D (DeepSeek's 192 / 128); on CUDA
+    tensors D = 64, 128 or 256 with Dv = D so far (others raise UnsupportedError naming
+    q.shape[-1] or v.shape[-1]; jagflash.backend says the same). Rows may be strided (slices of a
+    fused QKV); the head dim is made contiguous when it is not.
     q_offsets, kv_offsets: int32 or int64 [B+1] on the tensors' device, offsets[0] == 0,
     non-decreasing, last == total, every value within int32; kv_offsets=None means q's.
     causal / window: FlashAttention's convention, bottom-right aligned when Lq != Lk: query i of a
     sequence sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1 unbounded; causal
     is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf)
     and zero gradients.
-    scale: defaults to 1/sqrt(D); else a real number that stays finite and non-zero in float32
+    scale: defaults to 1/sqrt(D) (q's head dim); else a real number that stays finite and non-zero in float32
     (the kernels' precision): one that float32 rounds to 0 or infinity (1e-50, 1e39) is refused.
     return_lse: also return lse [H, total_q] float32 (natural log; not differentiable).
     max_seqlen_q / max_seqlen_kv: optional, as in FlashAttention: upper bounds on the q and kv
@@ -377,10 +380,11 @@ def attention(
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
 ) -> Tensor:
-    """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D).
+    """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D) (v: (B, j, H_kv, Dv),
+    head dims as in jagged_attention).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
-    with q's offsets (so it adds to q). Masks, scale, check_offsets and deterministic as in
+    (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets and deterministic as in
     jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
@@ -446,7 +450,8 @@ def pooled_attention(
     q: [Lq, H, D], shared by all B sequences (no need to repeat it B times); k, v: [total_kv, H_kv,
     D] with H % H_kv == 0 (GQA/MQA) and kv_offsets int32 or int64 [B+1] on their device, or k and v
     as torch.nested jagged tensors (B, j, H_kv, D) with kv_offsets None (their offsets are used).
-    Returns out [B*Lq, H, D], sequence b's rows at b*Lq ([B, Lq, H, D] for nested k, v), and with
+    Returns out [B*Lq, H, Dv] (Dv: v's head dim, as in jagged_attention), sequence b's rows at b*Lq
+    ([B, Lq, H, Dv] for nested k, v), and with
     return_lse also lse [H, B*Lq] float32 (natural log; not differentiable). A sequence of length 0
     gives out = 0, lse = -inf and no gradient. The gradient of q is the sum over the sequences.
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in

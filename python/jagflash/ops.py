@@ -33,7 +33,7 @@ def fwd(
     max_seqlen: int = 0,
     deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """out [total_q, H, D] and lse [H, total_q] float32. The lse is always produced: the
+    """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32. The lse is always produced: the
     backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
     the choice of kernel. deterministic: for the backward (the forward always is), which gets it
     with the other scalars."""
@@ -45,9 +45,10 @@ def fwd(
 def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
               deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
     total_q, heads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((heads, total_q), dtype=torch.float32)
+    return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
 @torch.library.custom_op("jagflash::bwd", mutates_args=())
@@ -68,8 +69,8 @@ def bwd(
     max_seqlen: int = 0,
     deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv from dout and the forward's out and lse; deterministic: dq bitwise reproducible
-    too (dk and dv always are)."""
+    """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
+    [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are)."""
     return _launch.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
         max_seqlen, deterministic,
@@ -80,6 +81,7 @@ def bwd(
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
               max_seqlen=0, deterministic=False):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -151,7 +153,7 @@ def pooled_fwd(
     max_seqlen: int = 0,
     deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """out [B*Lq, H, D] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
+    """out [B*Lq, H, Dv] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
     length - 1. deterministic: for the backward, as in fwd."""
     return _launch.pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets,
                                   max_seqlen)
@@ -161,10 +163,11 @@ def pooled_fwd(
 def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
                      deterministic=False):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
-    lq, heads, head_dim = q.shape
+    lq, heads, _ = q.shape
     rows = (kv_offsets.shape[0] - 1) * lq
-    return q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32)
+    return q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
 
 
 @torch.library.custom_op("jagflash::pooled_bwd", mutates_args=())
@@ -193,6 +196,7 @@ def pooled_bwd(
 def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
                      max_seqlen=0, deterministic=False):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
+    _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

@@ -142,15 +142,17 @@ def random_lengths(generator, count, high):
     return lengths
 
 
-def make_batch(seed, *, q_lengths, kv_lengths=None, heads=4, kv_heads=None, head_dim=64,
+def make_batch(seed, *, q_lengths, kv_lengths=None, heads=4, kv_heads=None, head_dim=64, v_head_dim=None,
                dtype=None, device="cpu"):
     """Random inputs on the given lengths (kv_lengths None: self-attention). dtype None: fp32 on
-    the CPU (tight tolerances), bf16 on CUDA (the dtype the fast GPU kernels serve)."""
+    the CPU (tight tolerances), bf16 on CUDA (the dtype the fast GPU kernels serve). v_head_dim:
+    v's (and dout's) head dim, None for head_dim."""
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     g = torch.Generator().manual_seed(seed)
     kv_lengths = q_lengths if kv_lengths is None else kv_lengths
     kv_heads = heads if kv_heads is None else kv_heads
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
     total_q, total_kv = sum(q_lengths), sum(kv_lengths)
 
     def rnd(*shape):
@@ -159,8 +161,8 @@ def make_batch(seed, *, q_lengths, kv_lengths=None, heads=4, kv_heads=None, head
     return Batch(
         q=rnd(total_q, heads, head_dim),
         k=rnd(total_kv, kv_heads, head_dim),
-        v=rnd(total_kv, kv_heads, head_dim),
-        dout=rnd(total_q, heads, head_dim),
+        v=rnd(total_kv, kv_heads, v_head_dim),
+        dout=rnd(total_q, heads, v_head_dim),
         q_offsets=offsets_of(q_lengths, device),
         kv_offsets=offsets_of(kv_lengths, device),
         seed=seed,
@@ -188,10 +190,11 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None):
 
     A row that sees no key must give out 0, lse -inf and zero gradients; SDPA gives NaN there. So
     such rows attend to every key inside SDPA (finite values and gradients) and their output is
-    then multiplied by 0, which also zeroes what flows back through them."""
+    then multiplied by 0, which also zeroes what flows back through them. v may have a head dim of
+    its own (out and dout then have it); the default scale is 1/sqrt of q's."""
     q, k, v = (t.detach().double().cpu().requires_grad_() for t in (batch.q, batch.k, batch.v))
     q_off, kv_off = batch.q_offsets.tolist(), batch.kv_offsets.tolist()
-    heads, head_dim = q.shape[1], q.shape[2]
+    heads, head_dim, v_head_dim = q.shape[1], q.shape[2], v.shape[2]
     group = heads // k.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     outs, lses = [], []
@@ -203,7 +206,7 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None):
         allowed = visible(len_q, len_kv, causal, window)
         sees_any = allowed.any(dim=1)
         if len_kv == 0:
-            outs.append(qs * 0)
+            outs.append((qs.sum(-1, keepdim=True) * 0).expand(len_q, heads, v_head_dim))
             lses.append(torch.full((heads, len_q), -math.inf, dtype=torch.float64))
             continue
         safe = allowed | ~sees_any.unsqueeze(1)
@@ -213,7 +216,7 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None):
         outs.append(o * sees_any.view(-1, 1, 1))
         s = torch.einsum("qhd,khd->hqk", qs, ks).detach() * scale
         lses.append(torch.logsumexp(s.masked_fill(~allowed, -math.inf), dim=-1))
-    out = torch.cat(outs) if outs else q * 0
+    out = torch.cat(outs) if outs else (q.sum(-1, keepdim=True) * 0).expand(q.shape[0], heads, v_head_dim)
     lse = torch.cat(lses, dim=1) if lses else torch.empty(heads, 0, dtype=torch.float64)
     grads = torch.autograd.grad(out, (q, k, v), batch.dout.double().cpu(), allow_unused=True)
     dq, dk, dv = (torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v)))

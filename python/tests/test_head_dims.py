@@ -1,0 +1,256 @@
+"""Every head dim that is a multiple of 8 up to 256, and a v head dim of its own (Dv <= D), on CPU
+tensors (the C++ float64 reference) through jagged_attention, attention (nested),
+flash_attn_varlen_func and the custom ops' fake kernels; on CUDA tensors the head dims no GPU path
+serves yet are refused with UnsupportedError before anything launches (checked here on fake CUDA
+tensors, which need no GPU: the fake kernels and jagflash.backend run the C library's rules)."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import jagflash
+from conftest import (MASKS, TOLERANCES, assert_close, assert_same, check_against_reference, make_batch, offsets_of,
+                      reference)
+
+# (D, Dv): head dims models bring (Phi-2's 80, GPT-NeoX's 96, DeepSeek's 192 / 128) and the
+# edges of the range.
+HEAD_DIMS = [(8, 8), (72, 72), (80, 80), (96, 96), (200, 200), (192, 128), (64, 32), (256, 8)]
+Q_LENGTHS = [7, 0, 1, 13, 5]
+KV_LENGTHS = [9, 4, 0, 13, 2]
+
+
+def _id(dims):
+    d, dv = dims
+    return f"d{d}" if d == dv else f"d{d}_v{dv}"
+
+
+def _batch(seed, dims, **kwargs):
+    d, dv = dims
+    kwargs.setdefault("q_lengths", Q_LENGTHS)
+    kwargs.setdefault("kv_lengths", KV_LENGTHS)
+    kwargs.setdefault("heads", 4)
+    kwargs.setdefault("kv_heads", 2)
+    return make_batch(seed, head_dim=d, v_head_dim=dv, **kwargs)
+
+
+@pytest.mark.parametrize("dims", HEAD_DIMS, ids=_id)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left8", "window_3_2"])
+def test_jagged_attention_matches_the_reference(dims, mask):
+    causal, window = MASKS[mask]
+    batch = _batch(900 + HEAD_DIMS.index(dims), dims)
+    check_against_reference(batch, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dims", [(192, 128), (96, 96), (64, 32)], ids=_id)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_and_mqa(dims, dtype):
+    batch = _batch(920, dims, dtype=dtype, kv_heads=1)
+    check_against_reference(batch, causal=True)
+
+
+@pytest.mark.parametrize("dims", [(192, 128), (72, 72)], ids=_id)
+def test_scale_default_is_one_over_sqrt_of_q_s_head_dim(dims):
+    batch = _batch(930, dims)
+    default = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    explicit = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
+                                         scale=dims[0] ** -0.5)
+    torch.testing.assert_close(default, explicit, rtol=1e-6, atol=1e-6)
+    check_against_reference(batch, scale=0.3)
+
+
+def test_shapes_follow_v_s_head_dim():
+    batch = _batch(940, (192, 128))
+    q, k, v = batch.leaves()
+    out, lse = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, return_lse=True)
+    assert out.shape == (q.shape[0], 4, 128) and lse.shape == (4, q.shape[0])
+    out.backward(batch.dout)
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape == (k.shape[0], 2, 128)
+    assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets) == "reference"
+    assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets, backward=True) == "reference"
+
+
+def test_the_eager_path_and_the_custom_op_agree():
+    """The plain eager call (the binding through an autograd.Function) and the registered op (its
+    autograd formula) on a v head dim of its own."""
+    batch = _batch(945, (192, 128))
+    results = []
+    for through_op in (False, True):
+        q, k, v = batch.leaves()
+        if through_op:
+            out, _ = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, 1, -1, -1, 0.0, "auto")
+        else:
+            out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, causal=True)
+        out.backward(batch.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    for got, expected in zip(*results):
+        assert_same(got, expected)
+
+
+def test_bad_head_dims_are_refused_on_the_cpu():
+    batch = _batch(950, (64, 64))
+    q, k, v = batch.q, batch.k, batch.v
+    with pytest.raises(jagflash.UnsupportedError, match=r"^v.shape\[-1\]: expected a multiple of 8 from 8 to q's head "
+                                                        r"dim \(64\), got 72$"):
+        jagflash.jagged_attention(q, k, torch.randn(v.shape[0], 2, 72), batch.q_offsets, batch.kv_offsets)
+    with pytest.raises(jagflash.UnsupportedError, match=r"^v.shape\[-1\]: expected a multiple of 8 .*, got 20$"):
+        jagflash.jagged_attention(q, k, v[..., :20], batch.q_offsets, batch.kv_offsets)
+    with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected a multiple of 8 from 8 to 256, "
+                                                        r"got 264$"):
+        big = torch.randn(q.shape[0], 4, 264)
+        jagflash.jagged_attention(big, big, big, batch.q_offsets)
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"^k.shape\[-1\]: expected 64, got 32$"):
+        jagflash.jagged_attention(q, k[..., :32], v[..., :32], batch.q_offsets, batch.kv_offsets)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("dims", [(192, 128), (80, 80)], ids=_id)
+def test_nested_attention(dims):
+    batch = _batch(960, dims, kv_lengths=Q_LENGTHS)
+    q_off = batch.q_offsets
+
+    def nested(t):
+        return torch.nested.nested_tensor_from_jagged(t, q_off)
+
+    q, k, v = batch.leaves()
+    out = jagflash.attention(nested(q), nested(k), nested(v), causal=True)
+    assert out.is_nested and out.values().shape == (q.shape[0], 4, dims[1])
+    out.values().backward(batch.dout)
+    ref_out, _, ref_dq, ref_dk, ref_dv = reference(batch, causal=True)
+    tol_out, tol_grad = TOLERANCES[q.dtype]
+    assert_close("out", out.values(), ref_out, tol_out, batch.seed)
+    assert_close("dq", q.grad, ref_dq, tol_grad, batch.seed)
+    assert_close("dk", k.grad, ref_dk, tol_grad, batch.seed)
+    assert_close("dv", v.grad, ref_dv, tol_grad, batch.seed)
+
+
+@pytest.mark.parametrize("dims", [(192, 128), (96, 96)], ids=_id)
+def test_flash_attn_varlen_func(dims):
+    batch = _batch(970, dims)
+    q, k, v = batch.leaves()
+    out, lse, s_dmask = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, 13, 13,
+                                                        causal=True, return_attn_probs=True)
+    assert out.shape == (q.shape[0], 4, dims[1]) and s_dmask.numel() == 0
+    out.backward(batch.dout)
+    ref_out, _, ref_dq, ref_dk, ref_dv = reference(batch, causal=True)
+    tol_out, tol_grad = TOLERANCES[q.dtype]
+    assert_close("out", out, ref_out, tol_out, batch.seed)
+    assert_close("dq", q.grad, ref_dq, tol_grad, batch.seed)
+    assert_close("dk", k.grad, ref_dk, tol_grad, batch.seed)
+    assert_close("dv", v.grad, ref_dv, tol_grad, batch.seed)
+
+
+def test_pooled_attention_with_a_v_head_dim_of_its_own():
+    kv_off = offsets_of([5, 0, 9])
+    q = torch.randn(3, 4, 96, requires_grad=True)
+    k = torch.randn(14, 2, 96, requires_grad=True)
+    v = torch.randn(14, 2, 64, requires_grad=True)
+    out = jagflash.pooled_attention(q, k, v, kv_off)
+    assert out.shape == (9, 4, 64)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    # Each sequence's rows equal jagged attention of the query set against that sequence.
+    q_off = offsets_of([3, 3, 3])
+    jagged = jagflash.jagged_attention(q.detach().repeat(3, 1, 1), k.detach(), v.detach(), q_off, kv_off)
+    assert_same(out.detach(), jagged)
+
+
+# ---- torch.compile and the fake kernels: shapes [.., Dv], no graph break.
+
+def test_fake_kernels_give_v_s_head_dim():
+    with FakeTensorMode():
+        q = torch.empty(12, 4, 192)
+        k = torch.empty(9, 2, 192)
+        v = torch.empty(9, 2, 128)
+        q_off = torch.zeros(3, dtype=torch.int32)
+        kv_off = torch.zeros(3, dtype=torch.int32)
+        out, lse = torch.ops.jagflash.fwd(q, k, v, q_off, kv_off, 0, -1, -1, 0.0, "auto")
+        assert out.shape == (12, 4, 128) and lse.shape == (4, 12)
+        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, q_off, kv_off, 0, -1, -1, 0.0, "auto")
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        pooled_out, pooled_lse = torch.ops.jagflash.pooled_fwd(q[:3], k, v, kv_off, 0, -1, -1, 0.0, "auto")
+        assert pooled_out.shape == (6, 4, 128) and pooled_lse.shape == (4, 6)
+
+
+def test_opcheck_with_a_v_head_dim_of_its_own():
+    batch = _batch(980, (64, 32), q_lengths=[3, 0, 9, 1], kv_lengths=[5, 2, 9, 0])
+    q, k, v = batch.leaves()
+    scalars = (1, -1, -1, 0.0, "auto")
+    torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
+    out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
+    torch.library.opcheck(torch.ops.jagflash.bwd.default,
+                          (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets,
+                           batch.kv_offsets, *scalars))
+
+
+def test_compiled_fullgraph_matches_eager():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+
+    def attention(q, k, v, q_offsets, kv_offsets):
+        return jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attention, backend=counter, fullgraph=True)
+    batch = _batch(990, (192, 128))
+    results = []
+    for fn in (compiled, attention):
+        q, k, v = batch.leaves()
+        out = fn(q, k, v, batch.q_offsets, batch.kv_offsets)
+        out.backward(batch.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    assert results[0][0].shape == (q.shape[0], 4, 128)
+    for got, expected in zip(*results):
+        assert_same(got, expected)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+# ---- CUDA: what no GPU path serves is refused before launch, naming the head dim.
+
+CUDA_REFUSED = [
+    ((96, 96), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 96 is served on CPU tensors only so far\), "
+               r"got 96$"),
+    ((80, 80), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 80 is served on CPU tensors only so far\), "
+               r"got 80$"),
+    ((192, 128), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 192 is served"),
+    ((128, 64), r"^v.shape\[-1\]: expected q's head dim \(128\) on CUDA \(a v head dim of its own, 64 here, is served "
+                r"on CPU tensors only so far\), got 64$"),
+]
+
+
+def _fake_cuda(dims, dtype=torch.bfloat16):
+    d, dv = dims
+    q = torch.empty(12, 4, d, dtype=dtype, device="cuda")
+    k = torch.empty(9, 2, d, dtype=dtype, device="cuda")
+    v = torch.empty(9, 2, dv, dtype=dtype, device="cuda")
+    offsets = torch.zeros(3, dtype=torch.int32, device="cuda")
+    return q, k, v, offsets
+
+
+@pytest.mark.parametrize("dims,message", CUDA_REFUSED, ids=[_id(d) for d, _ in CUDA_REFUSED])
+def test_cuda_refuses_head_dims_no_gpu_path_serves(dims, message):
+    with FakeTensorMode():
+        q, k, v, off = _fake_cuda(dims)
+        entries = {
+            "jagged_attention": lambda: jagflash.jagged_attention(q, k, v, off, off, causal=True),
+            "flash_attn_varlen_func": lambda: jagflash.flash_attn_varlen_func(q, k, v, off, off, 4, 4),
+            "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto"),
+            "op bwd": lambda: torch.ops.jagflash.bwd(q[..., :v.shape[-1]], q, k, v, q[..., :v.shape[-1]],
+                                                     torch.empty(4, 12, device="cuda"), off, off, 0, -1, -1, 0.0,
+                                                     "auto"),
+            "pooled_fwd": lambda: torch.ops.jagflash.pooled_fwd(q[:3], k, v, off, 0, -1, -1, 0.0, "auto"),
+            "backend": lambda: jagflash.backend(q, k, v, off, off),
+            "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True),
+        }
+        for name, call in entries.items():
+            with pytest.raises(jagflash.UnsupportedError, match=message):
+                call()
+
+
+def test_cuda_head_dims_the_gpu_paths_serve_pass_the_check():
+    """64, 128 and 256 with v's the same trace on fake CUDA tensors (the shapes come out)."""
+    with FakeTensorMode():
+        for d in (64, 128, 256):
+            q, k, v, off = _fake_cuda((d, d))
+            out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
+            assert out.shape == (12, 4, d) and out.device.type == "cuda"
