@@ -3,7 +3,9 @@
 //    MaskPolicy::visible (the reference iterates key_range instead);
 //  - backward vs central finite differences of that dense forward;
 //  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism;
-//  - every head dim (multiples of 8 up to 256) and a v head dim of its own, through the C API.
+//  - every head dim (multiples of 8 up to 256) and a v head dim of its own, through the C API;
+//  - the score modifiers (tanh softcap, ALiBi) through the C API, against the dense forward with
+//    the modifier written out here (NaiveMod, not core/score_mod.hpp) and its finite differences.
 #include "reference/reference.hpp"
 
 #include "core/mask.hpp"
@@ -87,9 +89,17 @@ struct NaiveResult {
   std::vector<double> lse;  // [H][total_q]
 };
 
+// A score modifier written out independently of core/score_mod.hpp: cap > 0 applies
+// cap * tanh(s / cap) to the scaled score; non-empty slopes add -slopes[h] * |i + Lk - Lq - j|.
+struct NaiveMod {
+  double cap = 0.0;
+  std::vector<double> slopes;
+};
+
 // Builds the full Lq x Lk score matrix of every (sequence, head), masks it elementwise, softmaxes
 // each row and multiplies by V.
-NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double scale) {
+NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double scale,
+                          const NaiveMod& mod = {}) {
   const int64_t total_q = in.q_offsets.back();
   const int H = in.H, H_kv = in.H_kv, D = in.D, Dv = in.Dv;
   NaiveResult res;
@@ -106,7 +116,11 @@ NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double s
           double acc = 0.0;
           for (int d = 0; d < D; ++d)
             acc += in.q[((q0 + i) * H + h) * D + d] * in.k[((k0 + j) * H_kv + hk) * D + d];
-          s[i * lk + j] = mask.visible(i, j, lq, lk) ? scale * acc : -kInf;
+          double score = scale * acc;
+          if (mod.cap > 0.0) score = mod.cap * std::tanh(score / mod.cap);
+          if (!mod.slopes.empty())
+            score -= mod.slopes[static_cast<size_t>(h)] * static_cast<double>(std::abs(i + lk - lq - j));
+          s[i * lk + j] = mask.visible(i, j, lq, lk) ? score : -kInf;
         }
       for (int64_t i = 0; i < lq; ++i) {
         double m = -kInf;
@@ -372,8 +386,9 @@ std::vector<BackwardCase> backward_cases() {
   return cases;
 }
 
-double loss_of(const DenseBatch& in, const MaskPolicy& mask, double scale, const std::vector<double>& dout) {
-  const NaiveResult r = naive_forward(in, mask, scale);
+double loss_of(const DenseBatch& in, const MaskPolicy& mask, double scale, const std::vector<double>& dout,
+               const NaiveMod& mod = {}) {
+  const NaiveResult r = naive_forward(in, mask, scale, mod);
   double loss = 0.0;
   for (size_t i = 0; i < dout.size(); ++i) loss += r.out[i] * dout[i];
   return loss;
@@ -654,11 +669,14 @@ jf_problem api_problem(HostBatch& batch, const MaskCase& m, float scale = 0.0f) 
 }
 
 // jagflash_fwd on the CPU; out [total_q, H, Dv] padded by out_pad, poisoned before the call.
-ForwardResult api_forward(HostBatch& batch, const MaskCase& m, float scale, int out_pad) {
+// `problem` replaces api_problem(batch, m, scale) when given (a score modifier set on it).
+ForwardResult api_forward(HostBatch& batch, const MaskCase& m, float scale, int out_pad,
+                          const jf_problem* problem = nullptr) {
   ForwardResult res{make_tensor(batch.dtype, batch.total_q(), batch.H, batch.v.head_dim, out_pad), {}};
   res.out.fill(kSentinel);
   res.lse.assign(static_cast<size_t>(batch.H * batch.total_q()), static_cast<float>(kSentinel));
-  jf_fwd_args args = forward_args(api_problem(batch, m, scale), res.out, res.lse.data());
+  jf_fwd_args args =
+      forward_args(problem != nullptr ? *problem : api_problem(batch, m, scale), res.out, res.lse.data());
   jf_backend served = JF_BACKEND_AUTO;
   EXPECT_EQ(jagflash_query_backend(&args.problem, &args.launch, JF_DIRECTION_FORWARD, &served), JF_OK)
       << jagflash_last_error();
@@ -818,6 +836,156 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, ReferenceHeadDimsBackward, ::testing::ValuesI
                          [](const ::testing::TestParamInfo<HeadDimBackwardCase>& info) {
                            return info.param.name;
                          });
+
+// Score modifiers through the C API: softcap at several caps (small ones saturate the tanh) and
+// ALiBi with per-head slopes, each under every mask, with MHA/GQA/MQA and q != kv lengths.
+struct ScoreModCase {
+  std::string name;
+  double cap;  // > 0: softcap
+  bool alibi;  // slopes 2^(-8 h / H) as BLOOM's, times 4 so the bias matters at these lengths
+  MaskCase mask;
+  HeadCase heads;
+  jf_dtype dtype;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const ScoreModCase& c) { return os << c.name; }
+
+std::vector<float> alibi_slopes_of(int H) {
+  std::vector<float> slopes(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) slopes[static_cast<size_t>(h)] = 4.0f * std::exp2(-8.0f * (h + 1) / H);
+  return slopes;
+}
+
+std::vector<ScoreModCase> score_mod_cases(bool with_dtypes) {
+  std::vector<ScoreModCase> cases;
+  const jf_dtype dtypes[] = {JF_FP32, JF_BF16, JF_FP16};
+  uint64_t seed = with_dtypes ? 9000 : 9500;
+  size_t i = 0;
+  struct Mod {
+    const char* name;
+    double cap;
+    bool alibi;
+  };
+  const Mod mods[] = {
+      {"softcap0p5", 0.5, false}, {"softcap2", 2.0, false}, {"softcap30", 30.0, false}, {"alibi", 0.0, true}};
+  for (const Mod& mod : mods)
+    for (const MaskCase& m : all_masks()) {
+      const HeadCase& h = all_heads()[i % all_heads().size()];
+      const jf_dtype dtype = with_dtypes ? dtypes[i / all_heads().size() % 3] : JF_FP32;
+      std::string name = std::string(mod.name) + "_" + m.name + "_" + h.name;
+      if (with_dtypes) name += std::string("_") + dtype_name(dtype);
+      cases.push_back({name, mod.cap, mod.alibi, m, h, dtype, seed++});
+      ++i;
+    }
+  return cases;
+}
+
+struct ScoreModProblem {
+  jf_problem problem;
+  std::vector<float> slopes;  // the problem points here (ALiBi)
+  NaiveMod naive;
+};
+
+void set_score_mod(ScoreModProblem& sm, const ScoreModCase& c, int H) {
+  if (c.alibi) {
+    sm.slopes = alibi_slopes_of(H);
+    sm.problem.score_mod = JF_SCORE_MOD_ALIBI;
+    sm.problem.alibi_slopes = sm.slopes.data();
+    sm.naive.slopes.assign(sm.slopes.begin(), sm.slopes.end());
+  } else {
+    sm.problem.score_mod = JF_SCORE_MOD_SOFTCAP;
+    sm.problem.softcap = static_cast<float>(c.cap);
+    sm.naive.cap = static_cast<float>(c.cap);
+  }
+}
+
+class ReferenceScoreModForward : public ::testing::TestWithParam<ScoreModCase> {};
+
+TEST_P(ReferenceScoreModForward, MatchesDenseNaiveThroughTheCApi) {
+  const ScoreModCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kD = 32;
+  // Inputs scaled up so that the cap and the bias change the result (random inputs are O(1)).
+  HostBatch batch = make_random_batch(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, kD, c.dtype, c.seed, 8);
+  ScoreModProblem sm{api_problem(batch, c.mask, 2.0f), {}, {}};
+  set_score_mod(sm, c, c.heads.H);
+  const ForwardResult got = api_forward(batch, c.mask, 2.0f, 8, &sm.problem);
+  const NaiveResult want = naive_forward(to_dense(batch), policy_of(c.mask), 2.0, sm.naive);
+  expect_forward_matches(got, want, c.dtype);
+  // The modifier is not a no-op on this batch.
+  const NaiveResult plain = naive_forward(to_dense(batch), policy_of(c.mask), 2.0);
+  double differ = 0.0;
+  for (size_t k = 0; k < plain.out.size(); ++k)
+    differ = std::max(differ, std::abs(plain.out[k] - want.out[k]));
+  EXPECT_GT(differ, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(ScoreMods, ReferenceScoreModForward, ::testing::ValuesIn(score_mod_cases(true)),
+                         [](const ::testing::TestParamInfo<ScoreModCase>& info) { return info.param.name; });
+
+class ReferenceScoreModBackward : public ::testing::TestWithParam<ScoreModCase> {};
+
+// jagflash_bwd (fp32) with a modifier against central finite differences of the dense naive
+// forward with the same modifier: the softcap's 1 - tanh^2 in dS, ALiBi's constant bias.
+TEST_P(ReferenceScoreModBackward, MatchesFiniteDifferencesThroughTheCApi) {
+  const ScoreModCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kD = 16;
+  constexpr int kSamples = 20;
+  constexpr double kStep = 1e-4;
+  constexpr double kTol = 1e-4;
+  constexpr float kScale = 2.0f;
+  const int H = c.heads.H, H_kv = c.heads.H_kv;
+  HostBatch batch = make_random_batch(kFdLenQ, kFdLenKv, H, H_kv, kD, JF_FP32, c.seed, 3);
+  HostTensor dout = make_tensor(JF_FP32, batch.total_q(), H, kD, 5);
+  std::mt19937_64 rng(c.seed ^ 0x5eedULL);
+  dout.fill_random(rng);
+  ScoreModProblem sm{api_problem(batch, c.mask, kScale), {}, {}};
+  set_score_mod(sm, c, H);
+  ForwardResult fwd = api_forward(batch, c.mask, kScale, 0, &sm.problem);
+  Grads g{make_tensor(JF_FP32, batch.total_q(), H, kD, 7),
+          make_tensor(JF_FP32, batch.total_kv(), H_kv, kD, 7),
+          make_tensor(JF_FP32, batch.total_kv(), H_kv, kD, 7)};
+  for (HostTensor* t : {&g.dq, &g.dk, &g.dv}) t->fill(kSentinel);
+  jf_bwd_args args = backward_args(sm.problem, fwd.out, dout, fwd.lse.data(), g.dq, g.dk, g.dv);
+  ASSERT_EQ(jagflash_bwd(&args), JF_OK) << jagflash_last_error();
+
+  const MaskPolicy mask = policy_of(c.mask);
+  const DenseBatch base = to_dense(batch);
+  const std::vector<double> dout_dense = to_dense(dout);
+  struct Target {
+    const char* name;
+    std::vector<double> DenseBatch::*field;
+    const HostTensor* grad;
+    int heads;
+  };
+  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, H},
+                            {"dk", &DenseBatch::k, &g.dk, H_kv},
+                            {"dv", &DenseBatch::v, &g.dv, H_kv}};
+  for (const Target& t : targets) {
+    const double grad_max = max_abs(*t.grad);
+    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
+    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
+    for (int s = 0; s < kSamples; ++s) {
+      const size_t idx = pick(rng);
+      DenseBatch x = base;
+      (x.*(t.field))[idx] += kStep;
+      const double plus = loss_of(x, mask, kScale, dout_dense, sm.naive);
+      (x.*(t.field))[idx] -= 2 * kStep;
+      const double minus = loss_of(x, mask, kScale, dout_dense, sm.naive);
+      const double fd = (plus - minus) / (2 * kStep);
+      const int64_t r = static_cast<int64_t>(idx / (t.heads * kD));
+      const int h = static_cast<int>(idx / kD % t.heads);
+      const int d = static_cast<int>(idx % kD);
+      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
+          << t.name << " (" << r << "," << h << "," << d << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ScoreMods, ReferenceScoreModBackward, ::testing::ValuesIn(score_mod_cases(false)),
+                         [](const ::testing::TestParamInfo<ScoreModCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace jagflash::test

@@ -79,6 +79,7 @@ std::vector<Case> problem_cases() {
   static std::vector<int32_t> bad_first = {1, 3, 3, 8};
   static std::vector<int32_t> decreasing = {0, 3, 2, 8};
   static std::vector<int32_t> wrong_total = {0, 3, 3, 9};
+  static std::vector<float> alibi_slopes(4, 0.25f);
   return {
       {"dtype",
        p([](jf_problem& q) { q.dtype = static_cast<jf_dtype>(7); }),
@@ -92,6 +93,71 @@ std::vector<Case> problem_cases() {
        p([](jf_problem& q) { q.mask = static_cast<jf_mask>(9); }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.mask", "got 9"}},
+      {"score_mod kind",
+       p([](jf_problem& q) { q.score_mod = static_cast<jf_score_mod>(3); }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.score_mod", "JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP or JF_SCORE_MOD_ALIBI", "got 3"}},
+      {"softcap zero",
+       p([](jf_problem& q) { q.score_mod = JF_SCORE_MOD_SOFTCAP; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "a finite number > 0 with JF_SCORE_MOD_SOFTCAP", "got 0"}},
+      {"softcap negative",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_SOFTCAP;
+         q.softcap = -30.0f;
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "> 0", "got -30"}},
+      {"softcap infinite",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_SOFTCAP;
+         q.softcap = std::numeric_limits<float>::infinity();
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "finite", "got inf"}},
+      {"softcap nan",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_SOFTCAP;
+         q.softcap = std::numeric_limits<float>::quiet_NaN();
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "finite", "got nan"}},
+      {"softcap set without the kind",
+       p([](jf_problem& q) { q.softcap = 30.0f; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "0 with JF_SCORE_MOD_NONE", "got 30"}},
+      {"softcap set with alibi",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_ALIBI;
+         q.alibi_slopes = alibi_slopes.data();
+         q.softcap = 30.0f;
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.softcap", "0 with JF_SCORE_MOD_ALIBI", "got 30"}},
+      {"alibi slopes null",
+       p([](jf_problem& q) { q.score_mod = JF_SCORE_MOD_ALIBI; }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.alibi_slopes", "a non-null pointer to H float32", "got NULL"}},
+      {"alibi slopes misaligned",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_ALIBI;
+         q.alibi_slopes =
+             reinterpret_cast<const float*>(reinterpret_cast<const char*>(alibi_slopes.data()) + 1);
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.alibi_slopes", "4-byte alignment"}},
+      {"alibi slopes set without the kind",
+       p([](jf_problem& q) { q.alibi_slopes = alibi_slopes.data(); }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.alibi_slopes", "NULL with JF_SCORE_MOD_NONE"}},
+      {"alibi slopes set with softcap",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_SOFTCAP;
+         q.softcap = 30.0f;
+         q.alibi_slopes = alibi_slopes.data();
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.alibi_slopes", "NULL with JF_SCORE_MOD_SOFTCAP"}},
       {"batch",
        p([](jf_problem& q) { q.batch_size = -1; }),
        JF_ERR_INVALID_ARGUMENT,
@@ -678,6 +744,100 @@ TEST(Validation, CudaRefusesTheHeadDimsNoGpuPathServes) {
         << jagflash_last_error();
     EXPECT_TRUE(call.outputs_untouched());
   }
+}
+
+// Softcap and ALiBi set as the header says pass on CPU pointers, both directions.
+TEST(Validation, ScoreModifiersAreServedOnTheCpu) {
+  std::vector<float> slopes(4, 0.25f);
+  for (jf_score_mod kind : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI}) {
+    SCOPED_TRACE(kind == JF_SCORE_MOD_SOFTCAP ? "softcap" : "alibi");
+    Call call;
+    apply_to_problem(call, [&](jf_problem& p) {
+      p.score_mod = kind;
+      if (kind == JF_SCORE_MOD_SOFTCAP) p.softcap = 30.0f;
+      if (kind == JF_SCORE_MOD_ALIBI) p.alibi_slopes = slopes.data();
+    });
+    jf_backend served = JF_BACKEND_AUTO;
+    ASSERT_EQ(jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served),
+              JF_OK)
+        << jagflash_last_error();
+    EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+    ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+    EXPECT_FALSE(call.outputs_untouched());
+  }
+}
+
+// The slopes are an input: an output over them is refused.
+TEST(Validation, OutputsMustBeDisjointFromTheAlibiSlopes) {
+  Call call;
+  apply_to_problem(call, [&](jf_problem& p) {
+    p.score_mod = JF_SCORE_MOD_ALIBI;
+    p.alibi_slopes = call.lse.data();
+  });
+  const Case c{"lse over the slopes",
+               nullptr,
+               JF_ERR_INVALID_ARGUMENT,
+               {"lse", "memory disjoint from the input problem.alibi_slopes"}};
+  expect_error(jagflash_fwd(&call.fwd), c, call);
+}
+
+// On CUDA no path serves a score modifier yet: JF_ERR_UNSUPPORTED naming problem.score_mod from
+// every entry point, before any device is asked for (so this machine, GPU or not, checks it).
+TEST(Validation, CudaRefusesTheScoreModifiersNoGpuPathServes) {
+  std::vector<float> slopes(4, 0.25f);
+  struct Refused {
+    jf_score_mod kind;
+    std::string message;
+  };
+  const std::vector<Refused> refused = {
+      {JF_SCORE_MOD_SOFTCAP,
+       "problem.score_mod: expected JF_SCORE_MOD_NONE on CUDA (softcap: served on CPU tensors only so far), "
+       "got JF_SCORE_MOD_SOFTCAP"},
+      {JF_SCORE_MOD_ALIBI,
+       "problem.score_mod: expected JF_SCORE_MOD_NONE on CUDA (alibi_slopes: served on CPU tensors only so "
+       "far), got JF_SCORE_MOD_ALIBI"},
+  };
+  for (const Refused& r : refused) {
+    SCOPED_TRACE(r.message);
+    Call call;
+    apply_to_problem(call, [&](jf_problem& p) {
+      p.device = JF_DEVICE_CUDA;
+      p.score_mod = r.kind;
+      if (r.kind == JF_SCORE_MOD_SOFTCAP) p.softcap = 30.0f;
+      if (r.kind == JF_SCORE_MOD_ALIBI) p.alibi_slopes = slopes.data();
+    });
+    try {
+      detail::check_cuda_score_mod(call.fwd.problem);
+      ADD_FAILURE() << "accepted";
+    } catch (const detail::ApiError& e) {
+      EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
+      EXPECT_EQ(std::string(e.what()), r.message);
+    }
+    size_t bytes = 0;
+    jf_backend served = JF_BACKEND_AUTO;
+    const std::vector<std::pair<const char*, jf_status>> calls = {
+        {"jagflash_fwd_workspace_size", jagflash_fwd_workspace_size(&call.fwd, &bytes)},
+        {"jagflash_bwd_workspace_size", jagflash_bwd_workspace_size(&call.bwd, &bytes)},
+        {"jagflash_fwd", jagflash_fwd(&call.fwd)},
+        {"jagflash_bwd", jagflash_bwd(&call.bwd)},
+        {"jagflash_query_backend",
+         jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served)},
+        {"jagflash_query_backend (backward)",
+         jagflash_query_backend(&call.bwd.problem, &call.bwd.launch, JF_DIRECTION_BACKWARD, &served)},
+    };
+    for (const auto& [name, status] : calls) EXPECT_EQ(status, JF_ERR_UNSUPPORTED) << name;
+    EXPECT_EQ(std::string(jagflash_last_error()), r.message);
+    EXPECT_EQ(served, JF_BACKEND_AUTO);
+    EXPECT_TRUE(call.outputs_untouched());
+  }
+  // Without a modifier the check passes (the call then fails on the host pointers or the missing
+  // GPU, not on a score modifier).
+  Call call;
+  call.fwd.problem.device = JF_DEVICE_CUDA;
+  EXPECT_NO_THROW(detail::check_cuda_score_mod(call.fwd.problem));
+  EXPECT_EQ(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(jagflash_last_error()).find("score_mod"), std::string::npos) << jagflash_last_error();
 }
 
 }  // namespace

@@ -54,6 +54,20 @@ typedef enum jf_device { JF_DEVICE_CPU = 0, JF_DEVICE_CUDA = 1 } jf_device;
  * JF_MASK_CAUSAL is the window (-1, 0). For NONE and CAUSAL the window fields must be -1. */
 typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 } jf_mask;
 
+/* A score modifier, applied to each visible pair's scaled score s = scale * q_i . k_j before the
+ * softmax (FlashAttention-2's conventions, src/core/score_mod.hpp):
+ *  SOFTCAP: s -> softcap * tanh(s / softcap), problem.softcap finite and > 0 (Gemma 2, Grok).
+ *  ALIBI:   s -> s - slope_h * |i + Lk - Lq - j| for query head h, query i and key j of a sequence
+ *           (bottom-right aligned like the masks: 0 on the causal diagonal, negative off it), one
+ *           fp32 slope per query head in problem.alibi_slopes [H], in the memory q lives in.
+ * For NONE, softcap must be 0 and alibi_slopes NULL; each kind leaves the other's field unset.
+ * Served on CPU pointers only so far: on CUDA any kind but NONE is JF_ERR_UNSUPPORTED. */
+typedef enum jf_score_mod {
+  JF_SCORE_MOD_NONE = 0,
+  JF_SCORE_MOD_SOFTCAP = 1,
+  JF_SCORE_MOD_ALIBI = 2
+} jf_score_mod;
+
 /* How device offsets are validated (CPU calls always check them on the host, for free).
  *  HOST:   copied to the host and checked before anything runs: one copy and stream sync per
  *          offsets vector (q_offsets, kv_offsets), so two per call; refused while launch.stream is
@@ -133,6 +147,10 @@ typedef struct jf_problem {
    * bitwise repeatable; deterministic mode sums each row's sequences in order). The workspace then
    * also holds the offsets b * Lq. */
   int32_t pooled_q_rows;
+  /* The score modifier (jf_score_mod above); zero-initialised, none. */
+  jf_score_mod score_mod;
+  float softcap;             /* JF_SCORE_MOD_SOFTCAP: the cap, finite and > 0; else 0 */
+  const float* alibi_slopes; /* JF_SCORE_MOD_ALIBI: [H] fp32, one slope per query head; else NULL */
 } jf_problem;
 
 typedef struct jf_launch {

@@ -73,6 +73,22 @@ inline void set_window(jf_problem& p, int32_t left, int32_t right) {
   p.window_right = right;
 }
 
+// Score modifiers (jf_score_mod): a tanh softcap, cap * tanh(s / cap) of the scaled score s, or
+// ALiBi, s - slope_h * |i + Lk - Lq - j| with one fp32 slope per query head (slopes [H], in the
+// memory q lives in; read during the call only). Served on CPU views only so far: on CUDA memory
+// the calls throw Error with JF_ERR_UNSUPPORTED naming problem.score_mod.
+inline void set_softcap(jf_problem& p, float cap) {
+  p.score_mod = JF_SCORE_MOD_SOFTCAP;
+  p.softcap = cap;
+  p.alibi_slopes = nullptr;
+}
+
+inline void set_alibi(jf_problem& p, const float* slopes) {
+  p.score_mod = JF_SCORE_MOD_ALIBI;
+  p.softcap = 0.f;
+  p.alibi_slopes = slopes;
+}
+
 // Pooled attention (jf_problem.pooled_q_rows): q [lq, H, D] shared by every sequence, so no q
 // offsets; out [B*lq, H, Dv], lse [H, B*lq], dq [lq, H, D] (Dv: v's head dim).
 inline void set_pooled(jf_problem& p, int32_t lq) {

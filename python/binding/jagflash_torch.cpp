@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -188,6 +189,29 @@ jf_tensor describe(const Tensor& t) {
                    row_stride,   head_stride};
 }
 
+// The score modifier (jf_score_mod): ALiBi when slopes are given (float32 [H], contiguous, on q's
+// device: python/jagflash/_launch.py's check_score_mod words a failure), else softcap when it is not
+// 0. Both given: the C library refuses the softcap beside ALiBi. A cap beyond float's range is
+// passed on as infinity (refused there under the value's sign), not converted (undefined).
+void set_score_mod(jf_problem& p, const Tensor& q, double softcap,
+                   const std::optional<Tensor>& alibi_slopes) {
+  if (alibi_slopes.has_value()) {
+    const Tensor& slopes = *alibi_slopes;
+    if (slopes.dim() != 1 || slopes.numel() != q.size(1) || dtype_of(slopes) != codes().fp32 ||
+        !(place_of(slopes) == place_of(q)) || (slopes.numel() > 1 && slopes.stride(0) != 1)) {
+      fail_input("alibi_slopes");
+    }
+    p.score_mod = JF_SCORE_MOD_ALIBI;
+    p.alibi_slopes = static_cast<const float*>(slopes.data_ptr());
+  } else if (softcap != 0.0) {
+    p.score_mod = JF_SCORE_MOD_SOFTCAP;
+  }
+  constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+  p.softcap = std::fabs(softcap) <= kFloatMax ? static_cast<float>(softcap)
+              : std::isnan(softcap)           ? std::numeric_limits<float>::quiet_NaN()
+                                    : std::copysign(std::numeric_limits<float>::infinity(), softcap);
+}
+
 jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
                       const Tensor& kv_offsets, int64_t mask, int64_t window_left, int64_t window_right,
                       double scale, const Place& place) {
@@ -335,16 +359,18 @@ void check_scale(double scale) {
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
-                                               int64_t max_seqlen);
+                                               int64_t max_seqlen, double softcap,
+                                               const std::optional<Tensor>& alibi_slopes);
 
 std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets,
                                        int64_t mask, int64_t window_left, int64_t window_right, double scale,
-                                       int64_t offsets_check, int64_t max_seqlen) {
+                                       int64_t offsets_check, int64_t max_seqlen, double softcap,
+                                       std::optional<Tensor> alibi_slopes) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen);
+                     max_seqlen, softcap, alibi_slopes);
 }
 
 // out and dout: q's rows and heads, v's head dim (which may be smaller than q's), q's dtype and
@@ -361,13 +387,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic);
+                                                        bool deterministic, double softcap,
+                                                        const std::optional<Tensor>& alibi_slopes);
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                Tensor lse, Tensor q_offsets, Tensor kv_offsets, int64_t mask,
                                                int64_t window_left, int64_t window_right, double scale,
-                                               int64_t offsets_check, int64_t max_seqlen,
-                                               bool deterministic) {
+                                               int64_t offsets_check, int64_t max_seqlen, bool deterministic,
+                                               double softcap, std::optional<Tensor> alibi_slopes) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -378,7 +405,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
     fail_input("lse");
   }
   return run_backward(dout, q, k, v, out, lse, &q_offsets, kv_offsets, mask, window_left, window_right, scale,
-                      offsets_check, max_seqlen, deterministic);
+                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes);
 }
 
 // ---- Pooled attention (jf_problem.pooled_q_rows, issue 17): one query set q [Lq, H, D] shared by
@@ -407,18 +434,20 @@ int64_t pooled_rows(const Tensor& q, const Tensor& kv_offsets) {
 
 std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int64_t mask,
                                               int64_t window_left, int64_t window_right, double scale,
-                                              int64_t offsets_check, int64_t max_seqlen) {
+                                              int64_t offsets_check, int64_t max_seqlen, double softcap,
+                                              std::optional<Tensor> alibi_slopes) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, nullptr, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen);
+                     max_seqlen, softcap, alibi_slopes);
 }
 
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
-                                               int64_t max_seqlen) {
+                                               int64_t max_seqlen, double softcap,
+                                               const std::optional<Tensor>& alibi_slopes) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -437,6 +466,7 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
       q_offsets != nullptr
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  set_score_mod(args.problem, q, softcap, alibi_slopes);
   args.out = describe(out);
   args.lse = static_cast<float*>(lse.data_ptr());
   args.launch = launch_of(place, offsets_check, max_seqlen, false);
@@ -448,7 +478,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
                                                       Tensor lse, Tensor kv_offsets, int64_t mask,
                                                       int64_t window_left, int64_t window_right, double scale,
                                                       int64_t offsets_check, int64_t max_seqlen,
-                                                      bool deterministic) {
+                                                      bool deterministic, double softcap,
+                                                      std::optional<Tensor> alibi_slopes) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -464,7 +495,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
     fail_input("pooled lse");
   }
   return run_backward(dout, q, k, v, out, lse, nullptr, kv_offsets, mask, window_left, window_right, scale,
-                      offsets_check, max_seqlen, deterministic);
+                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -472,7 +503,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic) {
+                                                        bool deterministic, double softcap,
+                                                        const std::optional<Tensor>& alibi_slopes) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -496,6 +528,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
       q_offsets != nullptr
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
+  set_score_mod(args.problem, q, softcap, alibi_slopes);
   args.out = describe(out);
   args.dout = describe(dout);
   args.lse = static_cast<const float*>(lse.data_ptr());
@@ -514,23 +547,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
 // Outputs: out [total_q, H, Dv] (q's dtype, v's head dim), lse [H, total_q] float32 (natural log), then the
 // workspace the call used (uint8; undefined, None in Python, when it needed none), in which a
 // device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
+// softcap (0 = none) and alibi_slopes (float32 [H], or None): the score modifier (jf_score_mod).
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "
-      "int window_right, float scale, int offsets_check, int max_seqlen) -> (Tensor, Tensor, Tensor)");
+      "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
+      "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
-      "int max_seqlen, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
+      "int max_seqlen, bool deterministic, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor, "
+      "Tensor, Tensor)");
   // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv],
   // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
   m.def(
       "pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int mask, int window_left, "
-      "int window_right, float scale, int offsets_check, int max_seqlen) -> (Tensor, Tensor, Tensor)");
+      "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
+      "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor kv_offsets, "
       "int mask, int window_left, int window_right, float scale, int offsets_check, int max_seqlen, "
-      "bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool deterministic, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CPU, m) {

@@ -27,6 +27,11 @@ MASK_NONE = 0
 MASK_CAUSAL = 1
 MASK_WINDOW = 2
 
+# jf_score_mod
+SCORE_MOD_NONE = 0
+SCORE_MOD_SOFTCAP = 1
+SCORE_MOD_ALIBI = 2
+
 # jf_offsets_check
 CHECK_OFFSETS_HOST = 0
 CHECK_OFFSETS_DEVICE = 1
@@ -70,6 +75,10 @@ class Problem(ctypes.Structure):
         # 0: ordinary attention; Lq > 0: pooled (q [Lq, H, D] shared by every sequence, q_offsets
         # NULL, out [B*Lq, H, D], lse [H, B*Lq], dq [Lq, H, D] summed over the sequences).
         ("pooled_q_rows", ctypes.c_int32),
+        # jf_score_mod: 0 none, 1 softcap (softcap > 0), 2 ALiBi (alibi_slopes: [H] float32).
+        ("score_mod", c_enum),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", ctypes.c_void_p),
     ]
 
 

@@ -82,6 +82,38 @@ def check_head_dims(q, k, v):
         raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])
 
 
+def check_score_mod(q, softcap, alibi_slopes):
+    """The score modifier in the ops' terms (softcap: 0 = none, else finite and > 0; alibi_slopes:
+    None or float32 [H] on q's device; one of the two at a time), and on CUDA tensors the refusal
+    of either (no GPU path serves one yet): UnsupportedError naming the argument. The C library
+    checks the same (jf_score_mod); this says it in the caller's words, also for the fake kernels
+    and jagflash.backend(), so a traced call fails where an eager one would."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise _errors.invalid_argument("softcap", "a real number (0 = no softcap)", repr(softcap))
+    if softcap != 0 and not (softcap > 0 and softcap < float("inf")):  # NaN fails too
+        raise _errors.invalid_argument("softcap", "a finite number > 0 (0 = no softcap)", repr(softcap))
+    if alibi_slopes is not None:
+        heads = q.shape[1]
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32 or \
+                tuple(alibi_slopes.shape) != (heads,) or alibi_slopes.device != q.device:
+            got = (f"{alibi_slopes.dtype} {tuple(alibi_slopes.shape)} on {alibi_slopes.device}"
+                   if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__)
+            raise _errors.invalid_argument("alibi_slopes", f"float32 ({heads},) (one slope per query head) on {q.device}",
+                                           got)
+        if softcap != 0:
+            raise _errors.invalid_argument("softcap", "0 with alibi_slopes (one score modifier at a time)",
+                                           repr(softcap))
+    if q.device.type == "cuda":
+        if softcap != 0:
+            raise _errors.UnsupportedError(
+                f"softcap: served on CPU tensors only so far (CUDA tensors take no softcap), got {softcap!r}",
+                _capi.ERR_UNSUPPORTED)
+        if alibi_slopes is not None:
+            raise _errors.UnsupportedError(
+                "alibi_slopes: served on CPU tensors only so far (CUDA tensors take None), got a tensor",
+                _capi.ERR_UNSUPPORTED)
+
+
 # The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
 # non-zero as the float32 the C API holds (the binding checks the same: check_scale in
 # python/binding/jagflash_torch.cpp). Bounds as in functional._scale.
@@ -220,16 +252,26 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
         _backend.note_cuda_call(args, device)
 
 
-def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
+def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes):
+    check_inputs(q, k, v, q_offsets, kv_offsets)
+    check_score_mod(q, softcap, alibi_slopes)
+
+
+def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
+            softcap=0.0, alibi_slopes=None):
     """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
-    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint)."""
+    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint). softcap (0 = none),
+    alibi_slopes (None or float32 [H]): the score modifier, CPU tensors only so far."""
     fwd_op = _fwd_op or _ops()[0]
     device = q.device
+    if softcap or alibi_slopes is not None:
+        check_score_mod(q, softcap, alibi_slopes)
     try:
         out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
-                                     _offsets_check.launch_value(check_mode, device), max_seqlen)
+                                     _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
+                                     alibi_slopes)
     except RuntimeError as error:
-        raise _translated(error, lambda: check_inputs(q, k, v, q_offsets, kv_offsets)) from None
+        raise _translated(error, lambda: _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes)) from None
     _offsets_check.remember("forward", check_mode, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, q_offsets, kv_offsets, device)
@@ -237,19 +279,24 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
 
 
 def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
-             max_seqlen=0, deterministic=False):
+             max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
     """dq, dk, dv in the inputs' dtype and shapes (dout [.., Dv] like out); with GQA dk/dv sum
     over each group's query heads.
     deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
     always are)."""
     bwd_op = _bwd_op or _ops()[1]
     device = q.device
+    if softcap or alibi_slopes is not None:
+        check_score_mod(q, softcap, alibi_slopes)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
                                        window_right, scale, _offsets_check.launch_value(check_mode, device),
-                                       max_seqlen, bool(deterministic))
+                                       max_seqlen, bool(deterministic), softcap, alibi_slopes)
     except RuntimeError as error:
-        raise _translated(error, lambda: check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)) from None
+        def recheck():
+            check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)
+            check_score_mod(q, softcap, alibi_slopes)
+        raise _translated(error, recheck) from None
     _offsets_check.remember("backward", check_mode, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, q_offsets, kv_offsets, device)
@@ -321,16 +368,23 @@ def _device_guard(device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0):
+def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
+                   softcap=0.0, alibi_slopes=None):
     """Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by the B sequences of
     kv_offsets; out [B*Lq, H, Dv] (q's dtype), lse [H, B*Lq] (float32)."""
     fwd_op = _pooled_ops()[0]
     device = q.device
+    if softcap or alibi_slopes is not None:
+        check_score_mod(q, softcap, alibi_slopes)
     try:
         out, lse, workspace = fwd_op(q, k, v, kv_offsets, mask, window_left, window_right, scale,
-                                     _offsets_check.launch_value(check_mode, device), max_seqlen)
+                                     _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
+                                     alibi_slopes)
     except RuntimeError as error:
-        raise _translated(error, lambda: check_pooled_inputs(q, k, v, kv_offsets)) from None
+        def recheck():
+            check_pooled_inputs(q, k, v, kv_offsets)
+            check_score_mod(q, softcap, alibi_slopes)
+        raise _translated(error, recheck) from None
     _offsets_check.remember("forward", check_mode, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)
@@ -338,18 +392,21 @@ def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, 
 
 
 def pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_mode,
-                    max_seqlen=0, deterministic=False):
+                    max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
     """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype."""
     bwd_op = _pooled_ops()[1]
     device = q.device
+    if softcap or alibi_slopes is not None:
+        check_score_mod(q, softcap, alibi_slopes)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
                                        _offsets_check.launch_value(check_mode, device), max_seqlen,
-                                       bool(deterministic))
+                                       bool(deterministic), softcap, alibi_slopes)
     except RuntimeError as error:
-        raise _translated(
-            error, lambda: check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets)
-        ) from None
+        def recheck():
+            check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets)
+            check_score_mod(q, softcap, alibi_slopes)
+        raise _translated(error, recheck) from None
     _offsets_check.remember("backward", check_mode, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)

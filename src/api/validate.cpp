@@ -77,6 +77,34 @@ void check_pointer_location(const std::string& name, const void* p, jf_device de
     fail_argument(name, "a host pointer (problem.device = JF_DEVICE_CPU)", "a CUDA device pointer");
 }
 
+// The score modifier's parameters: each kind sets its own and leaves the other's unset, so a
+// field set by mistake is never silently ignored. The kind has been range-checked.
+void check_score_mod(const jf_problem& p, bool ask_location) {
+  const jf_score_mod kind = p.score_mod;
+  if (kind == JF_SCORE_MOD_SOFTCAP) {
+    if (!std::isfinite(p.softcap) || p.softcap <= 0.0f)
+      fail_argument("problem.softcap", "a finite number > 0 with JF_SCORE_MOD_SOFTCAP", p.softcap);
+  } else if (p.softcap != 0.0f) {
+    fail_argument("problem.softcap",
+                  kind == JF_SCORE_MOD_NONE
+                      ? "0 with JF_SCORE_MOD_NONE (use JF_SCORE_MOD_SOFTCAP for a softcap)"
+                      : "0 with JF_SCORE_MOD_ALIBI",
+                  p.softcap);
+  }
+  if (kind == JF_SCORE_MOD_ALIBI) {
+    if (p.alibi_slopes == nullptr)
+      fail_argument("problem.alibi_slopes", "a non-null pointer to H float32 with JF_SCORE_MOD_ALIBI",
+                    "NULL");
+    check_aligned("problem.alibi_slopes", p.alibi_slopes, alignof(float), "float32");
+    check_pointer_location("problem.alibi_slopes", p.alibi_slopes, p.device, ask_location);
+  } else if (p.alibi_slopes != nullptr) {
+    fail_argument("problem.alibi_slopes",
+                  kind == JF_SCORE_MOD_NONE ? "NULL with JF_SCORE_MOD_NONE (use JF_SCORE_MOD_ALIBI for ALiBi)"
+                                            : "NULL with JF_SCORE_MOD_SOFTCAP",
+                  p.alibi_slopes);
+  }
+}
+
 struct ByteRange {
   uintptr_t begin = 0;
   uintptr_t end = 0;  // one past the last byte
@@ -156,10 +184,15 @@ void check_problem(const jf_problem& p, bool ask_location) {
   check_enum("problem.device", p.device, JF_DEVICE_CPU, JF_DEVICE_CUDA, "JF_DEVICE_CPU or JF_DEVICE_CUDA");
   check_enum("problem.mask", p.mask, JF_MASK_NONE, JF_MASK_WINDOW,
              "JF_MASK_NONE, JF_MASK_CAUSAL or JF_MASK_WINDOW");
-  // Head dims first: what no path serves on the device asked for is said as such, also in a
-  // process that sees no GPU (where the device check below would refuse it anyway).
+  check_enum("problem.score_mod", p.score_mod, JF_SCORE_MOD_NONE, JF_SCORE_MOD_ALIBI,
+             "JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP or JF_SCORE_MOD_ALIBI");
+  // Head dims and score modifiers first: what no path serves on the device asked for is said as
+  // such, also in a process that sees no GPU (where the device check below would refuse it anyway).
   check_head_dims(p);
-  if (p.device == JF_DEVICE_CUDA) check_cuda_head_dims(p);
+  if (p.device == JF_DEVICE_CUDA) {
+    check_cuda_head_dims(p);
+    check_cuda_score_mod(p);
+  }
   if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
     fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
@@ -215,6 +248,7 @@ void check_problem(const jf_problem& p, bool ask_location) {
   }
   if (!std::isfinite(p.scale))
     fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
+  check_score_mod(p, ask_location);
   check_pointer_location("problem.q_offsets", p.q_offsets, p.device, ask_location);
   check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device, ask_location);
 }
@@ -339,7 +373,8 @@ NamedRanges problem_inputs(const jf_problem& p) {
           {"k", byte_range(p.k, p.dtype)},
           {"v", byte_range(p.v, p.dtype)},
           {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
-          {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)}};
+          {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)},
+          {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)}};
 }
 NamedRanges backward_outputs(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
@@ -460,6 +495,19 @@ void check_cuda_head_dims(const jf_problem& p) {
       << " here, is served on CPU tensors only so far)";
     fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
   }
+}
+
+void check_cuda_score_mod(const jf_problem& p) {
+  int kind = 0;  // range-checked already, read as an int like check_enum does
+  std::memcpy(&kind, &p.score_mod, sizeof kind);
+  if (kind == JF_SCORE_MOD_SOFTCAP)
+    fail_argument("problem.score_mod",
+                  "JF_SCORE_MOD_NONE on CUDA (softcap: served on CPU tensors only so far)",
+                  "JF_SCORE_MOD_SOFTCAP", JF_ERR_UNSUPPORTED);
+  if (kind == JF_SCORE_MOD_ALIBI)
+    fail_argument("problem.score_mod",
+                  "JF_SCORE_MOD_NONE on CUDA (alibi_slopes: served on CPU tensors only so far)",
+                  "JF_SCORE_MOD_ALIBI", JF_ERR_UNSUPPORTED);
 }
 
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {

@@ -17,6 +17,7 @@
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
 #include "core/pooled.hpp"
+#include "core/score_mod.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -150,13 +151,19 @@ double dot(const double* a, const double* b, int64_t n) {
 }
 
 // Fills p[0 .. range.size()) with the softmax probabilities of query row q_row over the keys in
-// range and returns lse. The range must be non-empty.
+// range, the scores being the modifier's of the scaled scores (at coords `at`, whose j is set per
+// key), and returns lse. With dscore non-null, also fills dscore[0 .. range.size()) with the
+// modifier's derivative at each key. The range must be non-empty.
 double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range, int64_t d_count,
-                   double scale, std::vector<double>& p) {
+                   double scale, const ScoreMod& mod, ScoreCoords at, std::vector<double>& p,
+                   double* dscore = nullptr) {
   double m_i = -std::numeric_limits<double>::infinity();
   for (int64_t j = range.lo; j <= range.hi; ++j) {
-    const double s = scale * dot(q_row, k_f64.data() + j * d_count, d_count);
+    const double s_scaled = scale * dot(q_row, k_f64.data() + j * d_count, d_count);
+    at.j = j;
+    const double s = mod.score(s_scaled, at);
     p[static_cast<size_t>(j - range.lo)] = s;
+    if (dscore != nullptr) dscore[j - range.lo] = mod.dscore(s_scaled, at);
     m_i = std::max(m_i, s);
   }
   double l_i = 0.0;
@@ -178,6 +185,7 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
   const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const ScoreMod mod = ScoreMod::from(problem);
 
   std::vector<double> k_f64, v_f64, q_f64, o_f64, p(static_cast<size_t>(s.lk));
   load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
@@ -189,7 +197,8 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
       const IndexRange range = mask.key_range(i, s.lq, s.lk);
       double lse = -std::numeric_limits<double>::infinity();
       if (!range.empty()) {
-        lse = row_softmax(q_f64.data() + i * d_count, k_f64, range, d_count, scale, p);
+        lse = row_softmax(q_f64.data() + i * d_count, k_f64, range, d_count, scale, mod,
+                          {h, i, 0, s.lq, s.lk}, p);
         double* o_row = o_f64.data() + i * dv_count;
         for (int64_t j = range.lo; j <= range.hi; ++j) {
           const double p_ij = p[static_cast<size_t>(j - range.lo)];
@@ -205,11 +214,12 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
 
 // Per query row i and visible key j, with P recomputed exactly:
 //   dV_j += P_ij dO_i,  dP_ij = dO_i . V_j,  delta_i = sum_j P_ij dP_ij,
-//   dS_ij = P_ij (dP_ij - delta_i),  dQ_i = scale sum_j dS_ij K_j,  dK_j += scale dS_ij Q_i.
+//   dS_ij = P_ij (dP_ij - delta_i) dscore_ij,  dQ_i = scale sum_j dS_ij K_j,  dK_j += scale dS_ij Q_i,
+// where dscore_ij is the score modifier's derivative at the scaled score (1 without one).
 // delta comes from P and dP rather than from rowsum(dO * O) with the stored O, so the reference
 // carries no rounding of O.
 //
-// One (sequence, query head), operands as contiguous [rows, width] buffers (q, k: D; v, dO: Dv):
+// One (sequence, query head h), operands as contiguous [rows, width] buffers (q, k: D; v, dO: Dv):
 // adds the head's contributions to dq_f64 [lq, D] and to dk_f64 [lk, D], dv_f64 [lk, Dv], each
 // skipped when null.
 struct HeadGrads {
@@ -221,14 +231,15 @@ struct HeadGrads {
 void accumulate_head_backward(const std::vector<double>& q_f64, const std::vector<double>& do_f64,
                               const std::vector<double>& k_f64, const std::vector<double>& v_f64,
                               const SequenceSpan& s, int64_t d_count, int64_t dv_count,
-                              const MaskPolicy& mask, double scale, HeadGrads grads, std::vector<double>& p,
-                              std::vector<double>& dp) {
+                              const MaskPolicy& mask, const ScoreMod& mod, int32_t h, double scale,
+                              HeadGrads grads, std::vector<double>& p, std::vector<double>& dp,
+                              std::vector<double>& dscore) {
   for (int64_t i = 0; i < s.lq; ++i) {
     const IndexRange range = mask.key_range(i, s.lq, s.lk);
     if (range.empty()) continue;
     const double* q_row = q_f64.data() + i * d_count;
     const double* do_row = do_f64.data() + i * dv_count;
-    row_softmax(q_row, k_f64, range, d_count, scale, p);
+    row_softmax(q_row, k_f64, range, d_count, scale, mod, {h, i, 0, s.lq, s.lk}, p, dscore.data());
     double delta_i = 0.0;
     for (int64_t j = range.lo; j <= range.hi; ++j) {
       const size_t jj = static_cast<size_t>(j - range.lo);
@@ -238,7 +249,7 @@ void accumulate_head_backward(const std::vector<double>& q_f64, const std::vecto
     double* dq_row = grads.dq_f64 != nullptr ? grads.dq_f64 + i * d_count : nullptr;
     for (int64_t j = range.lo; j <= range.hi; ++j) {
       const size_t jj = static_cast<size_t>(j - range.lo);
-      const double ds_ij = p[jj] * (dp[jj] - delta_i);
+      const double ds_ij = p[jj] * (dp[jj] - delta_i) * dscore[jj];
       const double* k_row = k_f64.data() + j * d_count;
       if (dq_row != nullptr)
         for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
@@ -262,10 +273,12 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   const int32_t group = problem.q.heads / problem.k.heads;
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const ScoreMod mod = ScoreMod::from(problem);
   const bool own_dq = !is_pooled(problem);
 
   std::vector<double> k_f64, v_f64, q_f64, do_f64, dq_f64;
-  std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk));
+  std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk)),
+      dscore(static_cast<size_t>(s.lk));
   std::vector<double> dk_f64(static_cast<size_t>(s.lk * d_count), 0.0);
   std::vector<double> dv_f64(static_cast<size_t>(s.lk * dv_count), 0.0);
   load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
@@ -274,8 +287,8 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
     if (own_dq) dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, scale,
-                             {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()}, p, dp);
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, mod, h, scale,
+                             {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()}, p, dp, dscore);
     if (own_dq) store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
   }
   store_head<T>(args.dk, s.kv_begin, s.lk, task.kv_head, dk_f64);
@@ -293,8 +306,9 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
   const int32_t kv_head = h / (problem.q.heads / problem.k.heads);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const ScoreMod mod = ScoreMod::from(problem);
 
-  std::vector<double> q_f64, k_f64, v_f64, do_f64, p, dp;
+  std::vector<double> q_f64, k_f64, v_f64, do_f64, p, dp, dscore;
   std::vector<double> dq_f64(static_cast<size_t>(lq * d_count), 0.0);
   load_head<T>(problem.q, 0, lq, h, q_f64);
   for (int32_t b = 0; b < problem.batch_size; ++b) {
@@ -302,11 +316,12 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
     if (s.lk == 0) continue;
     p.resize(static_cast<size_t>(s.lk));
     dp.resize(static_cast<size_t>(s.lk));
+    dscore.resize(static_cast<size_t>(s.lk));
     load_head<T>(problem.k, s.kv_begin, s.lk, kv_head, k_f64);
     load_head<T>(problem.v, s.kv_begin, s.lk, kv_head, v_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, scale,
-                             {dq_f64.data(), nullptr, nullptr}, p, dp);
+    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, mod, h, scale,
+                             {dq_f64.data(), nullptr, nullptr}, p, dp, dscore);
   }
   store_head<T>(args.dq, 0, lq, h, dq_f64);
 }

@@ -8,7 +8,9 @@ namespace jagflash::reference {
 
 // Both take validated arguments whose pointers are host memory.
 // Every head dim validation accepts (q and k: D, any multiple of 8 up to 256; v, out, dout and dv:
-// Dv <= D); the default scale is 1/sqrt(D).
+// Dv <= D); the default scale is 1/sqrt(D). The score modifier (problem.score_mod: softcap,
+// ALiBi; core/score_mod.hpp) applies to the scaled scores in both directions; alibi_slopes is
+// host memory.
 // forward: out (input dtype) and lse (if non-null); a row with no visible key gets out = 0 and
 // lse = -inf.
 void forward(const jf_fwd_args& args);
