@@ -252,6 +252,13 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
         _backend.note_cuda_call(args, device)
 
 
+def _dense_slopes(alibi_slopes):
+    """The slopes as the C API reads them (a bare float pointer): a strided view is copied."""
+    if alibi_slopes is None or alibi_slopes.is_contiguous():
+        return alibi_slopes
+    return alibi_slopes.contiguous()
+
+
 def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes):
     check_inputs(q, k, v, q_offsets, kv_offsets)
     check_score_mod(q, softcap, alibi_slopes)
@@ -266,6 +273,7 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
+        alibi_slopes = _dense_slopes(alibi_slopes)
     try:
         out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
                                      _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
@@ -288,6 +296,7 @@ def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, 
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
+        alibi_slopes = _dense_slopes(alibi_slopes)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
                                        window_right, scale, _offsets_check.launch_value(check_mode, device),
@@ -376,6 +385,7 @@ def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, 
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
+        alibi_slopes = _dense_slopes(alibi_slopes)
     try:
         out, lse, workspace = fwd_op(q, k, v, kv_offsets, mask, window_left, window_right, scale,
                                      _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
@@ -398,6 +408,7 @@ def pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, wind
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
+        alibi_slopes = _dense_slopes(alibi_slopes)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
                                        _offsets_check.launch_value(check_mode, device), max_seqlen,

@@ -16,7 +16,9 @@ only value jagflash takes, FA2 returns an empty tensor there, and so does jagfla
 reads the lse this way (ring-attention wrappers do) runs unchanged.
 
 Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
-softcap != 0, alibi_slopes, block_table); none is ignored. With
+block_table, alibi_slopes of FA2's per-sequence shape (batch_size, nheads)); none is ignored.
+softcap != 0 and alibi_slopes (nheads,) are served on CPU tensors (UnsupportedError on CUDA tensors
+so far). With
 causal=True the right side of window_size is set to 0 whatever it is, as FA2 does (mha_varlen_fwd:
 `if (is_causal) window_size_right = 0`): HuggingFace transformers calls it so for sliding-window
 models, causal=True with window_size=(w - 1, w - 1). Errors name FA2's arguments (cu_seqlens_k,
@@ -105,7 +107,10 @@ def flash_attn_varlen_func(
     causal, window_size=(left, right): FlashAttention's masks, bottom-right aligned when
     seqlen_q != seqlen_k; -1 unbounded; causal with a left window is a causal sliding window, and
     with causal=True the right side is 0 whatever is passed (as in FA2).
-    softcap: 0.0 only. alibi_slopes: None only.
+    softcap: 0.0 (FA2's default) for none, else a tanh softcap > 0 on the scaled score, as FA2's.
+    alibi_slopes: None, or float32 (nheads,) as FA2's (bias -slope * |i + seqlen_k - seqlen_q - j|);
+    FA2's per-sequence (batch_size, nheads) is refused (UnsupportedError). softcap and ALiBi are
+    served on CPU tensors only so far (UnsupportedError on CUDA tensors); one at a time.
     deterministic: True gives a bitwise reproducible backward (jagflash's forward always is);
     False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
     since torch's switch asks every op for its deterministic variant.
@@ -117,10 +122,10 @@ def flash_attn_varlen_func(
     if not _is_zero("dropout_p", dropout_p):
         raise _unsupported(f"dropout_p={dropout_p}", "jagflash has no attention dropout; pass 0.0 (FlashAttention "
                                                      "users typically pass `p if self.training else 0.0`)")
-    if not _is_zero("softcap", softcap):
-        raise _unsupported(f"softcap={softcap}", "jagflash has no logit soft-capping; pass 0.0")
-    if alibi_slopes is not None:
-        raise _unsupported("alibi_slopes", "jagflash has no ALiBi bias; pass None")
+    cap = None if _is_zero("softcap", softcap) else softcap
+    if isinstance(alibi_slopes, Tensor) and alibi_slopes.dim() == 2:
+        raise _unsupported(f"alibi_slopes of shape {tuple(alibi_slopes.shape)} (batch_size, nheads)",
+                           "jagflash takes one slope per head for every sequence; pass shape (nheads,)")
     if block_table is not None:
         raise _unsupported("block_table", "jagflash has no paged KV cache; pass None")
     if not isinstance(return_attn_probs, bool):
@@ -146,7 +151,7 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
             scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
             max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
-            return_lse=return_attn_probs,
+            return_lse=return_attn_probs, softcap=cap, alibi_slopes=alibi_slopes,
         )
     except JagflashError as error:
         raise reworded(error, _FA2_TERMS) from None

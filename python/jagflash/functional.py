@@ -160,6 +160,19 @@ def _in_caller_terms(error: JagflashError, named_offsets: Iterable[Tuple[str, ob
     return reworded(error, _C_TERMS)
 
 
+def _softcap(softcap: Optional[float]) -> float:
+    """The C API's softcap: None -> 0 (none); anything else a real number (not a bool or string),
+    finite and > 0 (_launch.check_score_mod checks the rest: one modifier, CUDA)."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise invalid_argument("softcap", "a finite number > 0, or None for no softcap", repr(softcap))
+    value = float(softcap)
+    if not 0.0 < value < float("inf"):  # 0 and NaN fail too
+        raise invalid_argument("softcap", "a finite number > 0, or None for no softcap", repr(softcap))
+    return value
+
+
 def _deterministic(deterministic: Optional[bool]) -> bool:
     """None follows torch's switch (torch.use_deterministic_algorithms), like torch's own ops."""
     if deterministic is None:
@@ -195,6 +208,8 @@ def jagged_attention(
     max_seqlen_kv: Optional[int] = None,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tensor: ...
 
 
@@ -214,6 +229,8 @@ def jagged_attention(
     max_seqlen_kv: Optional[int] = None,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]: ...
 
 
@@ -233,6 +250,8 @@ def jagged_attention(
     max_seqlen_kv: Optional[int] = None,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]: ...
 
 
@@ -251,6 +270,8 @@ def jagged_attention(
     max_seqlen_kv: Optional[int] = None,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
@@ -279,6 +300,12 @@ def jagged_attention(
     deterministic: True makes the backward's dq bitwise identical from run to run too (dk, dv
     and the forward always are); None follows torch.are_deterministic_algorithms_enabled() when
     the forward is called (in a compiled graph: when it is traced).
+    softcap: None for none, else a tanh softcap (Gemma 2, Grok) on the scaled score s:
+    softcap * tanh(s / softcap), a finite number > 0.
+    alibi_slopes: None, or ALiBi's float32 [H] (one slope per query head, on q's device; not
+    differentiable): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
+    bias, bottom-right aligned like the masks). One modifier at a time; both are served on CPU
+    tensors only so far (on CUDA tensors UnsupportedError naming softcap / alibi_slopes).
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     Errors: InvalidArgumentError (a ValueError) or UnsupportedError naming the argument in these
     terms (q.shape[-1], kv_offsets[B=2], scale); q, k, v and the offsets are checked to be dense
@@ -306,8 +333,9 @@ def jagged_attention(
         kv_offsets_i32 = kv_offsets
     else:
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
+    cap = _softcap(softcap)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic))
+            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes)
     try:
         # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
         if ops.eager_fast_path_allowed(q, k, v):
@@ -315,7 +343,7 @@ def jagged_attention(
                 out, lse = ops.eager_attention(*args)
             else:
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
-                out, lse = _launch.forward(*args[:-1])
+                out, lse = _launch.forward(*args[:11], cap, alibi_slopes)
         else:
             out, lse = ops.fwd(*args)
     except JagflashError as error:
@@ -379,13 +407,15 @@ def attention(
     scale: Optional[float] = None,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tensor:
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D) (v: (B, j, H_kv, Dv),
     head dims as in jagged_attention).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
-    (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets and deterministic as in
-    jagged_attention.
+    (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets, deterministic, softcap and
+    alibi_slopes as in jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
     if _offsets_of(k).shape != _offsets_of(q).shape:
@@ -393,7 +423,8 @@ def attention(
     kv_offsets = _kv_offsets(k, v)
     try:
         out = jagged_attention(q_values, k_values, v_values, _offsets_of(q), kv_offsets, causal=causal, window=window,
-                               scale=scale, check_offsets=check_offsets, deterministic=deterministic)
+                               scale=scale, check_offsets=check_offsets, deterministic=deterministic,
+                               softcap=softcap, alibi_slopes=alibi_slopes)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
@@ -443,6 +474,8 @@ def pooled_attention(
     return_lse: bool = False,
     check_offsets: Optional[CheckOffsets] = None,
     deterministic: Optional[bool] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Pooled attention (Pooling by Multihead Attention): one query set attends over every sequence
     of a jagged batch; differentiable in q, k and v.
@@ -457,7 +490,8 @@ def pooled_attention(
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
     jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D)
     (other values as in jagged_attention).
-    check_offsets and deterministic as in jagged_attention. CUDA tensors run the GPU path (the
+    check_offsets, deterministic, softcap and alibi_slopes as in jagged_attention (ALiBi with Lq
+    queries against the sequence's length, bottom-right aligned). CUDA tensors run the GPU path (the
     Hopper kernels where they serve the call, as jagged_attention's), CPU tensors the C++ float64
     reference.
     """
@@ -482,7 +516,7 @@ def pooled_attention(
     try:
         out, lse = ops.pooled_fwd(q, k_values, v_values, kv_offsets_i32, mask, window_left, window_right,
                                   _scale(scale), _offsets_check.resolve(check_offsets), 0,
-                                  _deterministic(deterministic))
+                                  _deterministic(deterministic), _softcap(softcap), alibi_slopes)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v) if nested else None
         if cause is None:

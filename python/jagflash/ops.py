@@ -3,13 +3,14 @@ kernels (shapes only, for torch.compile and meta tensors) and the autograd formu
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
 0 = 1/sqrt(D) and any other value finite and non-zero in float32, the check_offsets mode "auto",
-"host" or "device", the max_seqlen hint, deterministic), and return fresh
+"host" or "device", the max_seqlen hint, deterministic), last the score modifier (softcap: 0 = none;
+alibi_slopes: None or float32 [H], not differentiable; CPU tensors only so far), and return fresh
 contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
 break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
 CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a
 double backward raises UnsupportedError.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -32,21 +33,24 @@ def fwd(
     check_offsets: str,
     max_seqlen: int = 0,
     deterministic: bool = False,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32. The lse is always produced: the
     backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
     the choice of kernel. deterministic: for the backward (the forward always is), which gets it
-    with the other scalars."""
+    with the other scalars. softcap, alibi_slopes: the score modifier."""
     return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                           max_seqlen)
+                           max_seqlen, softcap, alibi_slopes)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-              deterministic=False):
+              deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
+    _launch.check_score_mod(q, softcap, alibi_slopes)
     total_q, heads, _ = q.shape
     return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
@@ -68,28 +72,32 @@ def bwd(
     check_offsets: str,
     max_seqlen: int = 0,
     deterministic: bool = False,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
     [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are)."""
     return _launch.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-        max_seqlen, deterministic,
+        max_seqlen, deterministic, softcap, alibi_slopes,
     )
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-              max_seqlen=0, deterministic=False):
+              max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
+    _launch.check_score_mod(q, softcap, alibi_slopes)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, *scalars = inputs
+    # The slopes (last) are saved as a tensor; the scalars before them go back to bwd as they came.
+    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse)
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes)
     ctx.scalars = scalars
     # lse is an output for callers that want it, not a differentiable one: the C API has no
     # gradient input for it.
@@ -127,12 +135,13 @@ def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, q_offsets, kv_offsets, out, lse = ctx.saved_tensors
+    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes = ctx.saved_tensors
     # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
     with torch.no_grad():
-        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    # No gradient for the offsets, the scalars or the slopes.
+    return (dq, dk, dv) + (None,) * 11
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -152,19 +161,22 @@ def pooled_fwd(
     check_offsets: str,
     max_seqlen: int = 0,
     deterministic: bool = False,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [B*Lq, H, Dv] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
     length - 1. deterministic: for the backward, as in fwd."""
     return _launch.pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                                  max_seqlen)
+                                  max_seqlen, softcap, alibi_slopes)
 
 
 @pooled_fwd.register_fake
 def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-                     deterministic=False):
+                     deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
     _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
+    _launch.check_score_mod(q, softcap, alibi_slopes)
     lq, heads, _ = q.shape
     rows = (kv_offsets.shape[0] - 1) * lq
     return q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
@@ -186,35 +198,38 @@ def pooled_bwd(
     check_offsets: str,
     max_seqlen: int = 0,
     deterministic: bool = False,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq [Lq, H, D] (the sum of every sequence's contribution), dk, dv per sequence."""
     return _launch.pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
-                                   check_offsets, max_seqlen, deterministic)
+                                   check_offsets, max_seqlen, deterministic, softcap, alibi_slopes)
 
 
 @pooled_bwd.register_fake
 def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                     max_seqlen=0, deterministic=False):
+                     max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
     _launch.check_head_dims(q, k, v)
     _launch.check_op_scalars(scale, check_offsets)
+    _launch.check_score_mod(q, softcap, alibi_slopes)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _pooled_setup_context(ctx, inputs, output):
-    q, k, v, kv_offsets, *scalars = inputs
+    q, k, v, kv_offsets, *scalars, alibi_slopes = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, kv_offsets, out, lse)
+    ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes)
     ctx.scalars = scalars
     ctx.mark_non_differentiable(lse)
 
 
 def _pooled_backward(ctx, dout, _dlse):
-    q, k, v, kv_offsets, out, lse = ctx.saved_tensors
+    q, k, v, kv_offsets, out, lse, alibi_slopes = ctx.saved_tensors
     with torch.no_grad():
-        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars)
+        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars, alibi_slopes)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * 10
 
 
 pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_context)
@@ -228,14 +243,16 @@ class EagerAttention(torch.autograd.Function):
     the registered op, which is what gives those their fake kernel and opcheck guarantees.
 
     Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
-    the op's scalars as one tuple (each argument costs autograd.Function's apply time). The offsets
+    the op's scalars as one tuple (the last two: softcap and alibi_slopes, the latter held in the
+    tuple, not differentiated) (each argument costs autograd.Function's apply time). The offsets
     are saved for backward with the tensors, as the registered op saves them: offsets changed in
     place between the forward and the backward then raise torch's "modified by an inplace
     operation" instead of giving the gradients of other sequences."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
-        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:-1])
+        # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes.
+        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], scalars[7], scalars[8])
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
         ctx.scalars = scalars
         ctx.mark_non_differentiable(lse)
@@ -265,7 +282,10 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *scalars):
-    """EagerAttention on the op's arguments (q, k, v, the offsets, then its seven scalars)."""
+    """EagerAttention on the op's arguments (q, k, v, the offsets, then its nine scalars; as with the
+    op, the score modifier's two may be left out)."""
+    if len(scalars) != 9:
+        scalars = scalars + (0.0, None)[len(scalars) - 7:]
     if _functorch_transforms_active():
         return EagerAttention.apply(q, k, v, q_offsets, kv_offsets, scalars)
     return _apply_eager(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(q_offsets),

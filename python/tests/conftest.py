@@ -185,8 +185,12 @@ def visible(len_q, len_kv, causal, window):
     return allowed
 
 
-def reference(batch, *, causal=False, window=(-1, -1), scale=None):
+def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None, alibi_slopes=None):
     """float64 out, lse, dq, dk, dv (on the CPU) from torch's SDPA per sequence.
+
+    With a score modifier the scores are written out instead of SDPA: s = scale * q.k, then softcap
+    (cap * tanh(s / cap)) or ALiBi (s - slope_h * |i + Lk - Lq - j|, FlashAttention-2's), masked and
+    softmaxed, all in float64 with torch's autograd for the gradients.
 
     A row that sees no key must give out 0, lse -inf and zero gradients; SDPA gives NaN there. So
     such rows attend to every key inside SDPA (finite values and gradients) and their output is
@@ -210,12 +214,25 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None):
             lses.append(torch.full((heads, len_q), -math.inf, dtype=torch.float64))
             continue
         safe = allowed | ~sees_any.unsqueeze(1)
-        o = F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=safe, scale=scale
-        ).transpose(0, 1)
-        outs.append(o * sees_any.view(-1, 1, 1))
-        s = torch.einsum("qhd,khd->hqk", qs, ks).detach() * scale
-        lses.append(torch.logsumexp(s.masked_fill(~allowed, -math.inf), dim=-1))
+        if softcap is None and alibi_slopes is None:
+            o = F.scaled_dot_product_attention(
+                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=safe, scale=scale
+            ).transpose(0, 1)
+            outs.append(o * sees_any.view(-1, 1, 1))
+            s = torch.einsum("qhd,khd->hqk", qs, ks).detach() * scale
+            lses.append(torch.logsumexp(s.masked_fill(~allowed, -math.inf), dim=-1))
+            continue
+        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        if alibi_slopes is not None:
+            i = torch.arange(len_q).unsqueeze(1)
+            j = torch.arange(len_kv).unsqueeze(0)
+            distance = (i + len_kv - len_q - j).abs().double()
+            s = s - alibi_slopes.detach().double().cpu().view(-1, 1, 1) * distance
+        p = torch.softmax(s.masked_fill(~safe, -math.inf), dim=-1)
+        outs.append(torch.einsum("hqk,khd->qhd", p, vs) * sees_any.view(-1, 1, 1))
+        lses.append(torch.logsumexp(s.detach().masked_fill(~allowed, -math.inf), dim=-1))
     out = torch.cat(outs) if outs else (q.sum(-1, keepdim=True) * 0).expand(q.shape[0], heads, v_head_dim)
     lse = torch.cat(lses, dim=1) if lses else torch.empty(heads, 0, dtype=torch.float64)
     grads = torch.autograd.grad(out, (q, k, v), batch.dout.double().cpu(), allow_unused=True)
@@ -254,15 +271,22 @@ def assert_lse_close(actual, expected, tol, seed):
         assert err <= tol, f"lse: max error {err:.3g} > {tol:g} (seed {seed})"
 
 
-def check_against_reference(batch, *, causal=False, window=(-1, -1), scale=None, **kwargs):
+def check_against_reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None, alibi_slopes=None,
+                            **kwargs):
     """Runs jagged_attention forward and backward on batch and compares all five results."""
     q, k, v = batch.leaves()
+    modifiers = {}
+    if softcap is not None:
+        modifiers["softcap"] = softcap
+    if alibi_slopes is not None:
+        modifiers["alibi_slopes"] = alibi_slopes
     out, lse = jagflash.jagged_attention(
         q, k, v, batch.q_offsets, batch.kv_offsets, causal=causal, window=window, scale=scale,
-        return_lse=True, **kwargs,
+        return_lse=True, **modifiers, **kwargs,
     )
     out.backward(batch.dout)
-    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch, causal=causal, window=window, scale=scale)
+    ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch, causal=causal, window=window, scale=scale,
+                                                         softcap=softcap, alibi_slopes=alibi_slopes)
     tol_out, tol_grad = TOLERANCES[batch.q.dtype]
     assert out.dtype == batch.q.dtype and lse.dtype == torch.float32
     assert_close("out", out, ref_out, tol_out, batch.seed)

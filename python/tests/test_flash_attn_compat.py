@@ -104,8 +104,7 @@ def test_max_seqlen_are_hints(launches, max_q, max_k, hint):
 
 @pytest.mark.parametrize("kwargs,option", [
     ({"dropout_p": 0.1}, "dropout_p=0.1"),
-    ({"softcap": 30.0}, "softcap=30.0"),
-    ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+    ({"alibi_slopes": torch.ones(2, 4)}, r"alibi_slopes of shape \(2, 4\) \(batch_size, nheads\)"),
     ({"block_table": torch.zeros(3, 1, dtype=torch.int32)}, "block_table"),
 ])
 def test_unsupported_options_raise_naming_the_option(kwargs, option, launches):

@@ -1,0 +1,332 @@
+"""Score modifiers, tanh softcap and ALiBi, on CPU tensors (the C++ float64 reference) through
+jagged_attention, attention (nested), pooled_attention, flash_attn_varlen_func and the custom ops
+(fake kernels, opcheck, torch.compile), against conftest's float64 reference with the modifier
+written out there; on CUDA tensors they are refused with UnsupportedError before anything launches
+(checked on fake CUDA tensors, which need no GPU)."""
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import jagflash
+from conftest import (MASKS, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
+                      make_batch, offsets_of, reference, LSE_TOLERANCE)
+
+Q_LENGTHS = [7, 0, 1, 13, 5, 9]
+KV_LENGTHS = [9, 4, 0, 13, 2, 17]
+CAPS = [0.5, 2.0, 30.0]
+
+
+def _batch(seed, **kwargs):
+    kwargs.setdefault("q_lengths", Q_LENGTHS)
+    kwargs.setdefault("kv_lengths", KV_LENGTHS)
+    kwargs.setdefault("heads", 4)
+    kwargs.setdefault("kv_heads", 2)
+    kwargs.setdefault("head_dim", 32)
+    return make_batch(seed, **kwargs)
+
+
+def _slopes(heads):
+    """BLOOM's slopes 2^(-8 h / H), times 4 so the bias matters at these lengths."""
+    return torch.tensor([4.0 * 2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("cap", CAPS)
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left8", "window_3_2"])
+def test_softcap_matches_the_reference(cap, mask):
+    causal, window = MASKS[mask]
+    # scale 1: scores of a few units, so small caps saturate the tanh and large ones barely touch it.
+    check_against_reference(_batch(1000 + CAPS.index(cap)), causal=causal, window=window, scale=1.0, softcap=cap)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("mask", ["none", "causal", "causal_left8", "window_3_2"])
+def test_alibi_matches_the_reference(kv_heads, mask):
+    causal, window = MASKS[mask]
+    batch = _batch(1010 + kv_heads, kv_heads=kv_heads)
+    check_against_reference(batch, causal=causal, window=window, alibi_slopes=_slopes(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype):
+    check_against_reference(_batch(1020, dtype=dtype), causal=True, scale=1.0, softcap=2.0)
+    check_against_reference(_batch(1021, dtype=dtype), alibi_slopes=_slopes(4))
+
+
+def test_the_modifiers_change_the_result():
+    """Neither is a no-op on these batches (so the comparisons above test them)."""
+    batch = _batch(1030)
+    plain = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, scale=1.0)
+    capped = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, scale=1.0,
+                                       softcap=2.0)
+    biased = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, scale=1.0,
+                                       alibi_slopes=_slopes(4))
+    assert (plain - capped).abs().max() > 1e-2 and (plain - biased).abs().max() > 1e-2
+
+
+def test_alibi_is_bottom_right_aligned_and_symmetric():
+    """One query against keys with equal scores: the bias alone decides, -slope * |i + Lk - Lq - j|."""
+    q = torch.zeros(1, 1, 8)
+    k = torch.zeros(5, 1, 8)
+    v = torch.eye(5).view(5, 1, 5)[..., :5].repeat(1, 1, 2)[..., :8]
+    slope = 0.7
+    out, lse = jagflash.jagged_attention(q, k, v, offsets_of([1]), offsets_of([5]), return_lse=True,
+                                         alibi_slopes=torch.tensor([slope]))
+    # The query sits on the diagonal at key 4 (Lk - Lq = 4): bias 0 there, -slope * (4 - j) left of it.
+    bias = torch.tensor([-slope * (4 - j) for j in range(5)], dtype=torch.float64)
+    assert math.isclose(lse.item(), torch.logsumexp(bias, 0).item(), rel_tol=1e-6)
+    torch.testing.assert_close(out[0, 0, :5].double(), torch.softmax(bias, 0), rtol=1e-6, atol=1e-7)
+    # A query set shorter than the keys, with keys right of the diagonal (window (-1, -1)): |.| both sides.
+    q2 = torch.zeros(2, 1, 8)
+    out2, lse2 = jagflash.jagged_attention(q2, k, v, offsets_of([2]), offsets_of([5]), return_lse=True,
+                                           alibi_slopes=torch.tensor([slope]))
+    bias0 = torch.tensor([-slope * abs(0 + 3 - j) for j in range(5)], dtype=torch.float64)
+    assert math.isclose(lse2[0, 0].item(), torch.logsumexp(bias0, 0).item(), rel_tol=1e-6)
+
+
+def test_the_eager_path_and_the_custom_op_agree():
+    batch = _batch(1040)
+    slopes = _slopes(4)
+    for modifier in ({"softcap": 2.0}, {"alibi_slopes": slopes}):
+        results = []
+        for through_op in (False, True):
+            q, k, v = batch.leaves()
+            if through_op:
+                out, _ = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, 1, -1, -1, 0.0, "auto", 0,
+                                                False, modifier.get("softcap", 0.0), modifier.get("alibi_slopes"))
+            else:
+                out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, causal=True, **modifier)
+            out.backward(batch.dout)
+            results.append((out, q.grad, k.grad, v.grad))
+        for got, expected in zip(*results):
+            assert_same(got, expected)
+
+
+def test_no_grad_path_matches():
+    batch = _batch(1045)
+    with torch.no_grad():
+        out = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, softcap=3.0)
+    ref_out = reference(batch, softcap=3.0)[0]
+    assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
+
+
+def test_slopes_get_no_gradient():
+    batch = _batch(1046)
+    slopes = _slopes(4).requires_grad_()
+    q, k, v = batch.leaves()
+    out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, alibi_slopes=slopes)
+    out.backward(batch.dout)
+    assert q.grad is not None and slopes.grad is None
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_attention():
+    batch = _batch(1050, kv_lengths=Q_LENGTHS)
+
+    def nested(t):
+        return torch.nested.nested_tensor_from_jagged(t, batch.q_offsets)
+
+    for modifier in ({"softcap": 1.5, "scale": 1.0}, {"alibi_slopes": _slopes(4)}):
+        q, k, v = batch.leaves()
+        out = jagflash.attention(nested(q), nested(k), nested(v), causal=True, **modifier)
+        out.values().backward(batch.dout)
+        ref_out, _, ref_dq, ref_dk, ref_dv = reference(batch, causal=True, **modifier)
+        tol_out, tol_grad = TOLERANCES[q.dtype]
+        assert_close("out", out.values(), ref_out, tol_out, batch.seed)
+        assert_close("dq", q.grad, ref_dq, tol_grad, batch.seed)
+        assert_close("dk", k.grad, ref_dk, tol_grad, batch.seed)
+        assert_close("dv", v.grad, ref_dv, tol_grad, batch.seed)
+
+
+def test_pooled_attention_equals_jagged_attention_of_the_repeated_queries():
+    kv_lengths = [5, 0, 9]
+    kv_off = offsets_of(kv_lengths)
+    q_off = offsets_of([3, 3, 3])
+    for modifier in ({"softcap": 1.0}, {"alibi_slopes": _slopes(4)}):
+        q = torch.randn(3, 4, 32, requires_grad=True)
+        k = torch.randn(14, 2, 32, requires_grad=True)
+        v = torch.randn(14, 2, 32, requires_grad=True)
+        out = jagflash.pooled_attention(q, k, v, kv_off, scale=1.0, **modifier)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        q_rep = q.detach().repeat(3, 1, 1).requires_grad_()
+        k2, v2 = k.detach().requires_grad_(), v.detach().requires_grad_()
+        jagged = jagflash.jagged_attention(q_rep, k2, v2, q_off, kv_off, scale=1.0, **modifier)
+        jagged.backward(dout)
+        assert_same(out.detach(), jagged.detach())
+        torch.testing.assert_close(q.grad, q_rep.grad.view(3, 3, 4, 32).sum(0), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(k.grad, k2.grad, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(v.grad, v2.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_flash_attn_varlen_func():
+    batch = _batch(1060)
+    for modifier, ref_modifier in (({"softcap": 2.0}, {"softcap": 2.0}),
+                                   ({"alibi_slopes": _slopes(4)}, {"alibi_slopes": _slopes(4)})):
+        q, k, v = batch.leaves()
+        out, lse, _ = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, 17, 17,
+                                                      softmax_scale=1.0, causal=True, return_attn_probs=True,
+                                                      **modifier)
+        out.backward(batch.dout)
+        ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch, causal=True, scale=1.0, **ref_modifier)
+        tol_out, tol_grad = TOLERANCES[q.dtype]
+        assert_close("out", out, ref_out, tol_out, batch.seed)
+        assert_lse_close(lse, ref_lse, LSE_TOLERANCE[q.dtype], batch.seed)
+        assert_close("dq", q.grad, ref_dq, tol_grad, batch.seed)
+        assert_close("dk", k.grad, ref_dk, tol_grad, batch.seed)
+        assert_close("dv", v.grad, ref_dv, tol_grad, batch.seed)
+    # softcap=0.0 (FA2's default) is none.
+    plain = jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 17, 17,
+                                            softcap=0.0)
+    assert_same(plain, jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets))
+
+
+def test_flash_attn_varlen_func_refuses_per_sequence_slopes():
+    batch = _batch(1065)
+    with pytest.raises(jagflash.UnsupportedError, match=r"^flash_attn_varlen_func: alibi_slopes of shape \(6, 4\) "
+                                                        r"\(batch_size, nheads\) is not supported"):
+        jagflash.flash_attn_varlen_func(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 17, 17,
+                                        alibi_slopes=torch.ones(6, 4))
+
+
+BAD_ARGUMENTS = [
+    ({"softcap": -1.0}, r"^softcap: expected a finite number > 0, or None for no softcap, got -1.0$"),
+    ({"softcap": 0.0}, r"^softcap: expected a finite number > 0"),
+    ({"softcap": float("inf")}, r"^softcap: expected a finite number > 0"),
+    ({"softcap": float("nan")}, r"^softcap: expected a finite number > 0"),
+    ({"softcap": "30"}, r"^softcap: expected a finite number > 0, or None for no softcap, got '30'$"),
+    ({"alibi_slopes": torch.ones(3)}, r"^alibi_slopes: expected float32 \(4,\) \(one slope per query head\) on cpu, "
+                                      r"got torch.float32 \(3,\) on cpu$"),
+    ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, r"^alibi_slopes: expected float32 \(4,\)"),
+    ({"alibi_slopes": torch.ones(2, 4)}, r"^alibi_slopes: expected float32 \(4,\)"),
+    ({"alibi_slopes": [1.0] * 4}, r"^alibi_slopes: expected float32 \(4,\) .*got list$"),
+    ({"alibi_slopes": torch.ones(4), "softcap": 2.0}, r"^softcap: expected 0 with alibi_slopes"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", BAD_ARGUMENTS, ids=[str(i) for i in range(len(BAD_ARGUMENTS))])
+def test_bad_arguments_are_refused(kwargs, message):
+    batch = _batch(1070)
+    q, k, v = batch.leaves()
+    with pytest.raises(jagflash.InvalidArgumentError, match=message):
+        jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, **kwargs)
+    with torch.no_grad(), pytest.raises(jagflash.InvalidArgumentError, match=message):
+        jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, **kwargs)
+
+
+def test_strided_slopes_are_read_as_their_values():
+    batch = _batch(1075)
+    strided = _slopes(8)[::2]
+    got = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, alibi_slopes=strided)
+    want = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
+                                     alibi_slopes=strided.contiguous())
+    assert_same(got, want)
+
+
+def test_backend_takes_the_modifiers():
+    batch = _batch(1080)
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    assert jagflash.backend(*args, softcap=30.0) == "reference"
+    assert jagflash.backend(*args, alibi_slopes=_slopes(4), backward=True) == "reference"
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"^softcap: expected a finite number > 0"):
+        jagflash.backend(*args, softcap=-2.0)
+
+
+# ---- The custom ops: fake kernels, opcheck, torch.compile.
+
+def test_fake_kernels_check_the_modifiers():
+    with FakeTensorMode():
+        q, k, v = torch.empty(12, 4, 64), torch.empty(9, 2, 64), torch.empty(9, 2, 64)
+        off = torch.zeros(3, dtype=torch.int32)
+        out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 30.0, None)
+        assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
+        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                            torch.empty(4))
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        pooled_out, _ = torch.ops.jagflash.pooled_fwd(q[:3], k, v, off, 0, -1, -1, 0.0, "auto", 0, False, 5.0, None)
+        assert pooled_out.shape == (6, 4, 64)
+        with pytest.raises(jagflash.InvalidArgumentError, match=r"^softcap: expected a finite number > 0"):
+            torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, -1.0, None)
+        with pytest.raises(jagflash.InvalidArgumentError, match=r"^alibi_slopes: expected float32 \(4,\)"):
+            torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0, torch.empty(2))
+
+
+def test_opcheck():
+    batch = _batch(1090, q_lengths=[3, 0, 9, 1], kv_lengths=[5, 2, 9, 0])
+    q, k, v = batch.leaves()
+    for modifier in ((2.0, None), (0.0, _slopes(4))):
+        scalars = (1, -1, -1, 0.0, "auto", 0, False) + modifier
+        torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
+        out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
+        torch.library.opcheck(torch.ops.jagflash.bwd.default,
+                              (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets,
+                               batch.kv_offsets, *scalars))
+
+
+def test_compiled_fullgraph_matches_eager():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    slopes = _slopes(4)
+
+    def attention(q, k, v, q_offsets, kv_offsets):
+        capped = jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True, softcap=2.0)
+        biased = jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, alibi_slopes=slopes)
+        return capped + biased
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attention, backend=counter, fullgraph=True)
+    batch = _batch(1095)
+    results = []
+    for fn in (compiled, attention):
+        q, k, v = batch.leaves()
+        out = fn(q, k, v, batch.q_offsets, batch.kv_offsets)
+        out.backward(batch.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    for got, expected in zip(*results):
+        assert_same(got, expected)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+# ---- CUDA: no GPU path serves a modifier yet; refused before launch, naming the argument.
+
+def _fake_cuda():
+    q = torch.empty(12, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.empty(9, 2, 64, dtype=torch.bfloat16, device="cuda")
+    v = torch.empty(9, 2, 64, dtype=torch.bfloat16, device="cuda")
+    offsets = torch.zeros(3, dtype=torch.int32, device="cuda")
+    return q, k, v, offsets
+
+
+CUDA_REFUSED = {
+    "softcap": r"^softcap: served on CPU tensors only so far \(CUDA tensors take no softcap\), got 30.0$",
+    "alibi_slopes": r"^alibi_slopes: served on CPU tensors only so far \(CUDA tensors take None\), got a tensor$",
+}
+
+
+@pytest.mark.parametrize("name", list(CUDA_REFUSED))
+def test_cuda_refuses_the_modifiers(name):
+    with FakeTensorMode():
+        q, k, v, off = _fake_cuda()
+        slopes = torch.empty(4, device="cuda")
+        given = {"softcap": 30.0} if name == "softcap" else {"alibi_slopes": slopes}
+        op_scalars = (30.0, None) if name == "softcap" else (0.0, slopes)
+        lse = torch.empty(4, 12, device="cuda")
+        entries = {
+            "jagged_attention": lambda: jagflash.jagged_attention(q, k, v, off, off, causal=True, **given),
+            "flash_attn_varlen_func": lambda: jagflash.flash_attn_varlen_func(q, k, v, off, off, 4, 4, **given),
+            "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, *op_scalars),
+            "op bwd": lambda: torch.ops.jagflash.bwd(q, q, k, v, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False,
+                                                     *op_scalars),
+            "pooled_attention": lambda: jagflash.pooled_attention(q[:3], k, v, off, **given),
+            "backend": lambda: jagflash.backend(q, k, v, off, off, **given),
+            "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True, **given),
+        }
+        for entry, call in entries.items():
+            with pytest.raises(jagflash.UnsupportedError, match=CUDA_REFUSED[name]):
+                call()
+        # Without a modifier the same call traces.
+        out, _ = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
+        assert out.shape == (12, 4, 64)
