@@ -279,6 +279,60 @@ TEST(CppApi, VHeadDimOfItsOwnThroughTheWrapper) {
   }
 }
 
+// set_softcap / set_alibi through the wrapper: the same bytes as the reference called directly on
+// the same problem, the modifier changes the result, one kind clears the other's field, and on
+// CUDA the wrapper throws JF_ERR_UNSUPPORTED naming problem.score_mod.
+TEST(CppApi, ScoreModifiersThroughTheWrapper) {
+  constexpr int kH = 4, kHkv = 2, kD = 64;  // a head dim CUDA serves: the refusal below is the modifier's
+  const std::vector<int32_t> q_offsets = {0, 5, 5, 22}, kv_offsets = {0, 7, 9, 26};
+  const int64_t tq = q_offsets.back(), tk = kv_offsets.back();
+  std::mt19937_64 rng(43);
+  test::HostTensor q = test::make_tensor(JF_FP32, tq, kH, kD), k = test::make_tensor(JF_FP32, tk, kHkv, kD);
+  test::HostTensor v = test::make_tensor(JF_FP32, tk, kHkv, kD);
+  for (test::HostTensor* t : {&q, &k, &v}) t->fill_random(rng);
+  const std::vector<float> slopes = {0.5f, 0.25f, 1.0f, 2.0f};
+  auto run = [&](jf_problem p, bool through_wrapper) {
+    test::HostTensor out = test::make_tensor(JF_FP32, tq, kH, kD);
+    jf_fwd_args fwd{};
+    fwd.problem = p;
+    fwd.out = jagflash::tensor_view(out.bytes.data(), tq, kH, kD);
+    if (through_wrapper)
+      jagflash::forward(fwd);
+    else
+      reference::forward(fwd);
+    return out.bytes;
+  };
+  const jf_problem plain = jagflash::make_problem(
+      JF_FP32, JF_DEVICE_CPU, 3, q_offsets.data(), kv_offsets.data(),
+      jagflash::tensor_view(q.bytes.data(), tq, kH, kD), jagflash::tensor_view(k.bytes.data(), tk, kHkv, kD),
+      jagflash::tensor_view(v.bytes.data(), tk, kHkv, kD));
+  jf_problem capped = plain, biased = plain;
+  jagflash::set_alibi(capped, slopes.data());
+  jagflash::set_softcap(capped, 0.5f);
+  EXPECT_EQ(capped.score_mod, JF_SCORE_MOD_SOFTCAP);
+  EXPECT_EQ(capped.alibi_slopes, nullptr);
+  jagflash::set_softcap(biased, 0.5f);
+  jagflash::set_alibi(biased, slopes.data());
+  EXPECT_EQ(biased.score_mod, JF_SCORE_MOD_ALIBI);
+  EXPECT_EQ(biased.softcap, 0.0f);
+  const auto plain_out = run(plain, true);
+  for (const jf_problem* p : {&capped, &biased}) {
+    const auto got = run(*p, true);
+    EXPECT_EQ(got, run(*p, false));
+    EXPECT_NE(got, plain_out);
+    jf_problem on_cuda = *p;
+    on_cuda.device = JF_DEVICE_CUDA;
+    try {
+      jagflash::query_backend(on_cuda, jf_launch{}, JF_DIRECTION_FORWARD);
+      ADD_FAILURE() << "a score modifier on CUDA was accepted";
+    } catch (const jagflash::Error& e) {
+      EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
+      EXPECT_EQ(std::string(e.what()).rfind("problem.score_mod: expected JF_SCORE_MOD_NONE on CUDA", 0), 0u)
+          << e.what();
+    }
+  }
+}
+
 TEST(CppApi, HelpersBuildValidViews) {
   const jf_tensor t = jagflash::tensor_view(nullptr, 10, 4, 64);
   EXPECT_EQ(t.head_stride, 64);

@@ -48,7 +48,27 @@ struct PooledCase {
   int window_left, window_right;
   uint64_t seed;
   std::string name;
+  float softcap = 0.0f;  // > 0: JF_SCORE_MOD_SOFTCAP
+  bool alibi = false;    // JF_SCORE_MOD_ALIBI with slopes_of(H)
 };
+
+// One ALiBi slope per query head, large enough to matter at these lengths.
+std::vector<float> slopes_of(int H) {
+  std::vector<float> slopes(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) slopes[static_cast<size_t>(h)] = 0.5f / static_cast<float>(h + 1);
+  return slopes;
+}
+
+// The case's score modifier on a problem; the slopes must outlive it.
+void set_score_mod(jf_problem& p, const PooledCase& c, const std::vector<float>& slopes) {
+  if (c.softcap > 0.0f) {
+    p.score_mod = JF_SCORE_MOD_SOFTCAP;
+    p.softcap = c.softcap;
+  } else if (c.alibi) {
+    p.score_mod = JF_SCORE_MOD_ALIBI;
+    p.alibi_slopes = slopes.data();
+  }
+}
 
 void PrintTo(const PooledCase& c, std::ostream* os) { *os << c.name; }
 
@@ -59,10 +79,11 @@ struct PooledCall {
   std::vector<int32_t> kv_offsets;
   HostTensor q, k, v, out, dout, dq, dk, dv;
   std::vector<float> lse;
+  std::vector<float> slopes;
   jf_fwd_args fwd{};
   jf_bwd_args bwd{};
 
-  explicit PooledCall(const PooledCase& pc, int out_pad = 8) : c(pc) {
+  explicit PooledCall(const PooledCase& pc, int out_pad = 8) : c(pc), slopes(slopes_of(pc.H)) {
     const int32_t B = static_cast<int32_t>(c.len_kv.size());
     kv_offsets = offsets_from_lengths(c.len_kv);
     const int64_t total_kv = kv_offsets.back(), rows = int64_t{B} * c.lq;
@@ -82,6 +103,7 @@ struct PooledCall {
     fwd = forward_args(
         make_problem(c.dtype, nullptr, kv_offsets, q, k, v, c.mask, c.window_left, c.window_right, c.lq), out,
         lse.data());
+    set_score_mod(fwd.problem, c, slopes);
     bwd = backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
   }
 };
@@ -109,9 +131,10 @@ Repeated run_repeated(const PooledCall& pc) {
   Repeated r{make_tensor(JF_FP32, rows, c.H, c.D), make_tensor(JF_FP32, rows, c.H, c.D),
              make_tensor(JF_FP32, k.rows, c.H_kv, c.D), make_tensor(JF_FP32, k.rows, c.H_kv, c.D),
              std::vector<float>(static_cast<size_t>(c.H * rows))};
-  const jf_fwd_args fwd = forward_args(
+  jf_fwd_args fwd = forward_args(
       make_problem(JF_FP32, q_offsets.data(), kv_offsets, q_rep, k, v, c.mask, c.window_left, c.window_right),
       r.out, r.lse.data());
+  set_score_mod(fwd.problem, c, pc.slopes);
   EXPECT_EQ(jagflash_fwd(&fwd), JF_OK) << jagflash_last_error();
   const jf_bwd_args bwd = backward_args(fwd.problem, r.out, dout, r.lse.data(), r.dq_rows, r.dk, r.dv);
   EXPECT_EQ(jagflash_bwd(&bwd), JF_OK) << jagflash_last_error();
@@ -256,6 +279,17 @@ std::vector<PooledCase> pooled_cases() {
     w.name = std::string("d128_win8_0_") + dtype_name(dt);
     cases.push_back(w);
   }
+  // Score modifiers: softcap and ALiBi (bottom-right aligned per sequence, Lq against its length).
+  for (int lq : {1, 16, 64})
+    for (const MaskCase& m : {kMasks[0], kMasks[1], kMasks[2]}) {
+      PooledCase cap{lq, kLenKv, 4, 2, 64, dtypes[n++ % 3], m.mask, m.left, m.right, seed++, "", 0.5f, false};
+      cap.name = "softcap_lq" + std::to_string(lq) + "_" + m.name + "_" + dtype_name(cap.dtype);
+      cases.push_back(cap);
+      PooledCase alibi{lq,      kLenKv, 4,  1,    64,  dtypes[n++ % 3], m.mask, m.left,
+                       m.right, seed++, "", 0.0f, true};
+      alibi.name = "alibi_lq" + std::to_string(lq) + "_" + m.name + "_" + dtype_name(alibi.dtype);
+      cases.push_back(alibi);
+    }
   // One sequence; only empty sequences.
   cases.push_back({64, {97}, 4, 2, 64, JF_BF16, JF_MASK_NONE, -1, -1, seed++, "one_sequence"});
   cases.push_back({16, {0, 0, 0}, 4, 4, 64, JF_FP32, JF_MASK_NONE, -1, -1, seed++, "all_empty"});
