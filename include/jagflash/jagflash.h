@@ -231,7 +231,8 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
  * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a head dim other than 64, 128 or 256
- * or a v head dim of its own (naming problem.q.head_dim / problem.v.head_dim), a dtype/head dim
+ * or a v head dim of its own (naming problem.q.head_dim / problem.v.head_dim) or a score modifier
+ * (naming problem.score_mod), a dtype/head dim
  * this build does not instantiate, JF_BACKEND_HOPPER where it cannot serve, and a GPU this build
  * has no device code for (older than compute capability 8.0). Reads no device memory and does not
  * sync. */
