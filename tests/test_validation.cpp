@@ -667,6 +667,28 @@ TEST(Validation, OutputsTakeTheHeadDimOfTheirInput) {
   }
 }
 
+// Every entry point (both workspace queries, both calls, the backend query in both directions)
+// refuses `call` with JF_ERR_UNSUPPORTED and `message`, and nothing the caller owns is written.
+void expect_every_entry_refuses(Call& call, const std::string& message) {
+  size_t bytes = 0;
+  jf_backend served = JF_BACKEND_AUTO;
+  const std::vector<std::pair<const char*, jf_status>> calls = {
+      {"jagflash_fwd_workspace_size", jagflash_fwd_workspace_size(&call.fwd, &bytes)},
+      {"jagflash_bwd_workspace_size", jagflash_bwd_workspace_size(&call.bwd, &bytes)},
+      {"jagflash_fwd", jagflash_fwd(&call.fwd)},
+      {"jagflash_bwd", jagflash_bwd(&call.bwd)},
+      {"jagflash_query_backend",
+       jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served)},
+      {"jagflash_query_backend (backward)",
+       jagflash_query_backend(&call.bwd.problem, &call.bwd.launch, JF_DIRECTION_BACKWARD, &served)},
+  };
+  // Each status is taken before the next call; the message checked is the last call's.
+  for (const auto& [name, status] : calls) EXPECT_EQ(status, JF_ERR_UNSUPPORTED) << name;
+  EXPECT_EQ(std::string(jagflash_last_error()), message);
+  EXPECT_EQ(served, JF_BACKEND_AUTO);
+  EXPECT_TRUE(call.outputs_untouched());
+}
+
 // On CUDA no path serves anything but head dim 64, 128 or 256 with v's the same (the Hopper
 // kernels and the oracle are instantiated there only): every other pair is JF_ERR_UNSUPPORTED
 // naming the head dim, from every entry point, before any device is asked for, so this machine
@@ -714,23 +736,7 @@ TEST(Validation, CudaRefusesTheHeadDimsNoGpuPathServes) {
       EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
       EXPECT_EQ(std::string(e.what()), r.message);
     }
-    size_t bytes = 0;
-    jf_backend served = JF_BACKEND_AUTO;
-    const std::vector<std::pair<const char*, jf_status>> calls = {
-        {"jagflash_fwd_workspace_size", jagflash_fwd_workspace_size(&call.fwd, &bytes)},
-        {"jagflash_bwd_workspace_size", jagflash_bwd_workspace_size(&call.bwd, &bytes)},
-        {"jagflash_fwd", jagflash_fwd(&call.fwd)},
-        {"jagflash_bwd", jagflash_bwd(&call.bwd)},
-        {"jagflash_query_backend",
-         jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served)},
-        {"jagflash_query_backend (backward)",
-         jagflash_query_backend(&call.bwd.problem, &call.bwd.launch, JF_DIRECTION_BACKWARD, &served)},
-    };
-    // Each status is taken before the next call; the message checked is the last call's.
-    for (const auto& [name, status] : calls) EXPECT_EQ(status, JF_ERR_UNSUPPORTED) << name;
-    EXPECT_EQ(std::string(jagflash_last_error()), r.message);
-    EXPECT_EQ(served, JF_BACKEND_AUTO);
-    EXPECT_TRUE(call.outputs_untouched());
+    expect_every_entry_refuses(call, r.message);
   }
   // What the GPU paths serve passes this check (and fails here on the host pointers, or on the
   // missing GPU, not on a head dim).
@@ -814,22 +820,7 @@ TEST(Validation, CudaRefusesTheScoreModifiersNoGpuPathServes) {
       EXPECT_EQ(e.status(), JF_ERR_UNSUPPORTED);
       EXPECT_EQ(std::string(e.what()), r.message);
     }
-    size_t bytes = 0;
-    jf_backend served = JF_BACKEND_AUTO;
-    const std::vector<std::pair<const char*, jf_status>> calls = {
-        {"jagflash_fwd_workspace_size", jagflash_fwd_workspace_size(&call.fwd, &bytes)},
-        {"jagflash_bwd_workspace_size", jagflash_bwd_workspace_size(&call.bwd, &bytes)},
-        {"jagflash_fwd", jagflash_fwd(&call.fwd)},
-        {"jagflash_bwd", jagflash_bwd(&call.bwd)},
-        {"jagflash_query_backend",
-         jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served)},
-        {"jagflash_query_backend (backward)",
-         jagflash_query_backend(&call.bwd.problem, &call.bwd.launch, JF_DIRECTION_BACKWARD, &served)},
-    };
-    for (const auto& [name, status] : calls) EXPECT_EQ(status, JF_ERR_UNSUPPORTED) << name;
-    EXPECT_EQ(std::string(jagflash_last_error()), r.message);
-    EXPECT_EQ(served, JF_BACKEND_AUTO);
-    EXPECT_TRUE(call.outputs_untouched());
+    expect_every_entry_refuses(call, r.message);
   }
   // Without a modifier the check passes (the call then fails on the host pointers or the missing
   // GPU, not on a score modifier).

@@ -240,6 +240,16 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None,
     return out.detach(), lse, dq, dk, dv
 
 
+def opcheck_fwd_bwd(batch, q, k, v, scalars):
+    """torch.library.opcheck of jagflash.fwd, then of jagflash.bwd through that forward's output,
+    with the same trailing scalars (mask, window, scale, check mode, and what follows)."""
+    torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
+    out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
+    torch.library.opcheck(torch.ops.jagflash.bwd.default,
+                          (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets,
+                           batch.kv_offsets, *scalars))
+
+
 def rel_err(actual, expected):
     """max |actual - expected| / max |expected| (absolute when expected is all zero)."""
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()

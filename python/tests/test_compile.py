@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import jagflash
-from conftest import DEVICES, assert_same, make_batch
+from conftest import DEVICES, assert_same, make_batch, opcheck_fwd_bwd
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +34,7 @@ def test_opcheck(device):
     q, k, v = batch.leaves()
     # The trailing max_seqlen and deterministic left to their defaults, and given.
     for scalars in ((1, -1, -1, 0.0, "auto"), (1, -1, -1, 0.0, "auto", 9, True)):
-        torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
-        out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
-        torch.library.opcheck(
-            torch.ops.jagflash.bwd.default,
-            (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets, batch.kv_offsets,
-             *scalars),
-        )
+        opcheck_fwd_bwd(batch, q, k, v, scalars)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from conftest import (MASKS, TOLERANCES, assert_close, assert_same, check_against_reference, make_batch, offsets_of,
-                      reference)
+                      opcheck_fwd_bwd, reference)
 
 # (D, Dv): head dims models bring (Phi-2's 80, GPT-NeoX's 96, DeepSeek's 192 / 128) and the
 # edges of the range.
@@ -174,11 +174,7 @@ def test_opcheck_with_a_v_head_dim_of_its_own():
     batch = _batch(980, (64, 32), q_lengths=[3, 0, 9, 1], kv_lengths=[5, 2, 9, 0])
     q, k, v = batch.leaves()
     scalars = (1, -1, -1, 0.0, "auto")
-    torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
-    out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
-    torch.library.opcheck(torch.ops.jagflash.bwd.default,
-                          (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets,
-                           batch.kv_offsets, *scalars))
+    opcheck_fwd_bwd(batch, q, k, v, scalars)
 
 
 def test_compiled_fullgraph_matches_eager():

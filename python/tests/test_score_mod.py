@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from conftest import (MASKS, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
-                      make_batch, offsets_of, reference, LSE_TOLERANCE)
+                      make_batch, offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE)
 
 Q_LENGTHS = [7, 0, 1, 13, 5, 9]
 KV_LENGTHS = [9, 4, 0, 13, 2, 17]
@@ -257,11 +257,7 @@ def test_opcheck():
     q, k, v = batch.leaves()
     for modifier in ((2.0, None), (0.0, _slopes(4))):
         scalars = (1, -1, -1, 0.0, "auto", 0, False) + modifier
-        torch.library.opcheck(torch.ops.jagflash.fwd.default, (q, k, v, batch.q_offsets, batch.kv_offsets, *scalars))
-        out, lse = torch.ops.jagflash.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, *scalars)
-        torch.library.opcheck(torch.ops.jagflash.bwd.default,
-                              (batch.dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, batch.q_offsets,
-                               batch.kv_offsets, *scalars))
+        opcheck_fwd_bwd(batch, q, k, v, scalars)
 
 
 def test_compiled_fullgraph_matches_eager():
