@@ -250,6 +250,27 @@ def opcheck_fwd_bwd(batch, q, k, v, scalars):
                            batch.kv_offsets, *scalars))
 
 
+def assert_compiled_matches_eager(attention, batch):
+    """attention(q, k, v, q_offsets, kv_offsets) under torch.compile(fullgraph=True) (aot_eager):
+    one graph, and the output and gradients bitwise the eager call's. Returns the compiled output."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attention, backend=counter, fullgraph=True)
+    results = []
+    for fn in (compiled, attention):
+        q, k, v = batch.leaves()
+        out = fn(q, k, v, batch.q_offsets, batch.kv_offsets)
+        out.backward(batch.dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    for got, expected in zip(*results):
+        assert_same(got, expected)
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+    return results[0][0]
+
+
 def rel_err(actual, expected):
     """max |actual - expected| / max |expected| (absolute when expected is all zero)."""
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from conftest import (MASKS, TOLERANCES, assert_close, assert_same, check_against_reference, make_batch, offsets_of,
-                      opcheck_fwd_bwd, reference)
+                      assert_compiled_matches_eager, opcheck_fwd_bwd, reference)
 
 # (D, Dv): head dims models bring (Phi-2's 80, GPT-NeoX's 96, DeepSeek's 192 / 128) and the
 # edges of the range.
@@ -178,27 +178,12 @@ def test_opcheck_with_a_v_head_dim_of_its_own():
 
 
 def test_compiled_fullgraph_matches_eager():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-
     def attention(q, k, v, q_offsets, kv_offsets):
         return jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, causal=True)
 
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(attention, backend=counter, fullgraph=True)
     batch = _batch(990, (192, 128))
-    results = []
-    for fn in (compiled, attention):
-        q, k, v = batch.leaves()
-        out = fn(q, k, v, batch.q_offsets, batch.kv_offsets)
-        out.backward(batch.dout)
-        results.append((out, q.grad, k.grad, v.grad))
-    assert results[0][0].shape == (q.shape[0], 4, 128)
-    for got, expected in zip(*results):
-        assert_same(got, expected)
-    assert counter.frame_count == 1
-    torch._dynamo.reset()
+    out = assert_compiled_matches_eager(attention, batch)
+    assert out.shape == (batch.q.shape[0], 4, 128)
 
 
 # ---- CUDA: what no GPU path serves is refused before launch, naming the head dim.

@@ -11,7 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from conftest import (MASKS, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
-                      make_batch, offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE)
+                      make_batch, offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
+                      assert_compiled_matches_eager)
 
 Q_LENGTHS = [7, 0, 1, 13, 5, 9]
 KV_LENGTHS = [9, 4, 0, 13, 2, 17]
@@ -261,9 +262,6 @@ def test_opcheck():
 
 
 def test_compiled_fullgraph_matches_eager():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
     slopes = _slopes(4)
 
     def attention(q, k, v, q_offsets, kv_offsets):
@@ -271,19 +269,7 @@ def test_compiled_fullgraph_matches_eager():
         biased = jagflash.jagged_attention(q, k, v, q_offsets, kv_offsets, alibi_slopes=slopes)
         return capped + biased
 
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(attention, backend=counter, fullgraph=True)
-    batch = _batch(1095)
-    results = []
-    for fn in (compiled, attention):
-        q, k, v = batch.leaves()
-        out = fn(q, k, v, batch.q_offsets, batch.kv_offsets)
-        out.backward(batch.dout)
-        results.append((out, q.grad, k.grad, v.grad))
-    for got, expected in zip(*results):
-        assert_same(got, expected)
-    assert counter.frame_count == 1
-    torch._dynamo.reset()
+    assert_compiled_matches_eager(attention, _batch(1095))
 
 
 # ---- CUDA: no GPU path serves a modifier yet; refused before launch, naming the argument.
