@@ -24,13 +24,14 @@ inline Schedule schedule_knob() {
   return s;
 }
 
-// The order of a sequence's tiles outside the deterministic mode (Params::l2_group_rows,
-// rotated_q_order). Benchmark knobs, read at every launch so that one process can time them side
-// by side: JAGFLASH_BWD_L2_GROUP_MB = the L2 budget of a group of heads in MB (0: the KV heads
-// innermost, the order before 2026-12-02), JAGFLASH_BWD_ROTATE = 1 starts each tile at Q block
-// m_lo + n_block mod count. The rotation is off by default: measured 0-6% slower than the plain
-// start on the uniform sweep (bench/NOTES.md, 2026-12-02): the adds into one Q block do not
-// contend enough to pay for the tiles of a head no longer sharing each Q block's L2 lines.
+// The order of a sequence's tiles (Params::l2_group_rows in both modes, rotated_q_order outside
+// the deterministic mode; pooled_dq_sum keeps its own). Benchmark knobs, read at every launch so
+// that one process can time them side by side: JAGFLASH_BWD_L2_GROUP_MB = the L2 budget of a
+// group of heads in MB (0: the KV heads innermost, the order before 2026-12-02),
+// JAGFLASH_BWD_ROTATE = 1 starts each tile at Q block m_lo + n_block mod count. The rotation is
+// off by default: measured 0-6% slower than the plain start on the uniform sweep (bench/NOTES.md,
+// 2026-12-02): the adds into one Q block do not contend enough to pay for the tiles of a head no
+// longer sharing each Q block's L2 lines.
 struct TileOrder {
   int64_t l2_group_bytes;
   int32_t rotate;
