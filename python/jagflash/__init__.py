@@ -17,13 +17,13 @@ From existing PyTorch code:
 Importing jagflash registers "jagflash" with torch.nn.attention's registry; it activates nothing.
 """
 from . import ops, registry
-from ._backend import SlowPathWarning, backend
+from ._backend import SlowPathWarning
 from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
 from ._lib import lib as _load_library
 from ._lib import library_path
 from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets, synchronize
 from .compat import flash_attn_varlen_func
-from .functional import attention, jagged_attention, pooled_attention
+from .functional import attention, backend, jagged_attention, pooled_attention
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
 
 __version__ = "0.1.0"

@@ -1,4 +1,7 @@
-"""Which path serves a call (jagflash.backend), and the warning the slow path gives once.
+"""Which path serves a call (the C library's answer), and the warning the slow path gives once.
+
+Imported by _launch, which reports each CUDA call here (note_cuda_call), and by functional.py,
+whose jagflash.backend asks query() about the caller's tensors; it imports neither.
 
 The C library chooses per call and says what it chose (jagflash_query_backend in
 include/jagflash/jagflash.h; the calls run the same choice):
@@ -15,10 +18,9 @@ import ctypes
 import functools
 import threading
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
-from torch import Tensor
 
 from . import _capi, _errors, _lib
 
@@ -52,40 +54,8 @@ def query(problem: _capi.Problem, launch: _capi.Launch, direction: int) -> int:
     return served.value
 
 
-def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
-            backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None) -> str:
-    """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
-    its backward with backward=True, on the tensors' device. The mask, scale and the other options
-    do not change it. Reads no tensor data and does not sync; raises where the call would raise
-    for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
-    head dims on that device: on CUDA anything but 64, 128 or 256 with v's the same; a softcap or
-    alibi_slopes, as jagged_attention takes them, on CUDA so far)."""
-    if not isinstance(backward, bool):
-        raise _errors.invalid_argument("backward", "True or False", repr(backward))
-    # Imported here: _launch imports this module (note_cuda_call).
-    from . import _launch
-    from .functional import _check_tensor, _in_caller_terms, _offsets, _softcap
-
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
-    q_offsets = _offsets("q_offsets", q_offsets)
-    kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
-    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v)
-    cap = _softcap(softcap)
-    _launch.check_score_mod(q, cap, alibi_slopes)
-    q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
-    problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
-    if alibi_slopes is not None:
-        problem.score_mod, problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, alibi_slopes.data_ptr()
-    elif cap:
-        problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
-    launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
-    try:
-        with _launch._device_guard(q.device):
-            served = query(problem, launch, DIRECTION_BACKWARD if backward else DIRECTION_FORWARD)
-    except _errors.JagflashError as error:
-        raise _in_caller_terms(error, ()) from None
+def name(served: int) -> str:
+    """jagflash.backend's name for a jf_backend that query() returned."""
     return _NAMES.get(served, f"unknown ({served})")
 
 

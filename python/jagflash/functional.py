@@ -1,4 +1,5 @@
-"""The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out."""
+"""The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out; and
+jagflash.backend, which path would serve one of them."""
 import numbers
 import re
 from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
@@ -6,7 +7,7 @@ from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
 import torch
 from torch import Tensor
 
-from . import _capi, _launch, _offsets_check, ops
+from . import _backend, _capi, _launch, _offsets_check, ops
 from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
@@ -527,3 +528,37 @@ def pooled_attention(
     if nested:
         out = out.unflatten(0, (k.size(0), q.shape[0]))
     return (out, lse) if return_lse else out
+
+
+def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
+            backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None) -> str:
+    """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
+    its backward with backward=True, on the tensors' device. The mask, scale and the other options
+    do not change it. Reads no tensor data and does not sync; raises where the call would raise
+    for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
+    head dims on that device: on CUDA anything but 64, 128 or 256 with v's the same; a softcap or
+    alibi_slopes, as jagged_attention takes them, on CUDA so far)."""
+    if not isinstance(backward, bool):
+        raise invalid_argument("backward", "True or False", repr(backward))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    q_offsets = _offsets("q_offsets", q_offsets)
+    kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
+    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
+    _launch.check_head_dims(q, k, v)
+    cap = _softcap(softcap)
+    _launch.check_score_mod(q, cap, alibi_slopes)
+    q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
+    problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
+    if alibi_slopes is not None:
+        problem.score_mod, problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, alibi_slopes.data_ptr()
+    elif cap:
+        problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
+    launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
+    try:
+        with _launch._device_guard(q.device):
+            served = _backend.query(problem, launch,
+                                    _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD)
+    except JagflashError as error:
+        raise _in_caller_terms(error, ()) from None
+    return _backend.name(served)
