@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """jagflash side by side with FlashAttention-3 (FA3 varlen, when flash_attn_interface imports)
 and PyTorch's own kernels (FA2 varlen through aten, varlen_attn, FlexAttention with a document
-mask) on the five distributions of shared/bench/distributions.md, causal and not, D = 128 and 64;
-forward and backward, and a training step (forward + backward of jagged_attention, gemskew,
-D = 128) against FA3 and FA2; one process, the same inputs for all.
+mask; cuDNN's ragged forward through nested-tensor SDPA when asked for) on the five
+distributions of shared/bench/distributions.md, causal and not, D = 128 and 64; forward and
+backward, and a training step (forward + backward of jagged_attention, gemskew, D = 128)
+against FA3 and FA2; one process, the same inputs for all.
 
 Writes compare.json (every number), compare.md (a section for bench/RESULTS.md: the tables and
 the bars of issues 4, 13 and 14) and a PNG chart into --out (default $OUT, else bench/out), and
@@ -14,6 +15,7 @@ prints the backward's short table (TFLOP/s, jagflash / FA2 and / FA3, the bars) 
     python bench/compare.py --bwd-only --dists short gemskew --head-dims 128 --masks causal
     python bench/compare.py --from DIR --update-results  # here: append DIR's section to RESULTS.md
     python bench/compare.py --device cpu --scale 32 --max-batch 8   # a smoke run without a GPU
+    python bench/compare.py --parts fwd --impls jagflash FA3_varlen FA2_varlen cuDNN_ragged  # forward vs cuDNN
 
 FA3 is a benchmark peer only: put its prebuilt copy (shared/peers/fa3, carried as .fa3/) on
 PYTHONPATH, as scripts/gpu-python.sh does; without it the run skips FA3 and says so.
@@ -24,17 +26,26 @@ calls queued back to back between two CUDA events (--fwd-calls for forwards, --b
 backwards and training steps); the median sample, per call. A measurement stops once an
 implementation's samples add up to --budget-s, so the fp32 oracle (seconds a call on the big
 batches) costs a few seconds, not minutes.
+
+cuDNN ragged (peers.CudnnRagged, only when named in --impls) is the exception: forward only, and
+timed by the sum of its GPU kernels' times in one call (torch.profiler, the median of --iters
+calls after --warmup), because torch rebuilds its cuDNN graph on every call and spends tens of ms
+on the host, which events around queued calls would measure instead. Its output is checked against
+jagflash's (or, where jagflash failed, another implementation's) before it is timed; a case it
+refuses or gets wrong is skipped with a note, not failed.
 """
 import argparse
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,8 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--dists", nargs="+", default=list(jagflash.DISTRIBUTIONS), choices=jagflash.DISTRIBUTIONS)
     p.add_argument("--head-dims", nargs="+", type=int, default=[128, 64])
     p.add_argument("--masks", nargs="+", default=["none", "causal"], choices=["none", "causal"])
-    p.add_argument("--impls", nargs="+", default=None, choices=peers.IMPLEMENTATIONS,
-                   help="default: all (with --bwd-only: %s)" % ", ".join(peers.BAR_IMPLEMENTATIONS))
+    p.add_argument("--impls", nargs="+", default=None, choices=peers.IMPLEMENTATIONS, type=peers.impl_name,
+                   help="default: all but %s (with --bwd-only: %s); _ for spaces also: cuDNN_ragged"
+                        % (peers.CUDNN, ", ".join(peers.BAR_IMPLEMENTATIONS)))
     parts = p.add_mutually_exclusive_group()
     parts.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
                        help="what to time: fwd and bwd per case, step = the training step (%s, D = %d); "
@@ -101,7 +113,7 @@ def parse_args(argv=None):
     if args.bwd_only:
         args.parts = ["bwd", "step"]
     if args.impls is None:
-        args.impls = list(peers.BAR_IMPLEMENTATIONS if args.bwd_only else peers.IMPLEMENTATIONS)
+        args.impls = list(peers.BAR_IMPLEMENTATIONS if args.bwd_only else peers.DEFAULT_IMPLEMENTATIONS)
     args.parts = [part for part in PARTS if part in args.parts]  # in a fixed order, once each
     return args
 
@@ -135,6 +147,7 @@ def environment(args, device):
         "gpu": gpu,
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "none",
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "none",
         "triton": triton_version,
         "python": platform.python_version(),
         "jagflash": jagflash.library_version(),
@@ -229,6 +242,135 @@ def measure(fn, device, warmup, iters, budget_s, calls=1):
     return timed
 
 
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _profiled_events(fn, device):
+    """torch.profiler's events of one call of fn, its kernels finished inside the profile (the
+    queue drained first, so that no earlier call's kernel is counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _synchronize(device)
+    return prof.events()
+
+
+# Device-side events that are not kernels, by the names Kineto gives them: copies and fills. (The
+# GPU spans of record_function ranges are the other kind; they are marked as user annotations.)
+_NOT_KERNELS = ("Memcpy", "Memset")
+
+
+def kernel_time_ms(events):
+    """(ms, names) from one profiled call's events: the sum of its CUDA kernels' durations, and
+    the kernels' names, longest first. The sum, not the span from first to last: a call that
+    rebuilds a cuDNN graph between its kernels would otherwise count that host time. Raises when
+    the profile holds no kernel (CUPTI unavailable, or the call launched nothing)."""
+    from torch.autograd import DeviceType
+
+    per_name = {}
+    for e in events:
+        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+            continue
+        if e.name.startswith(_NOT_KERNELS):
+            continue
+        per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    if not per_name:
+        raise RuntimeError("the profiler recorded no CUDA kernel for the call (is CUPTI available?)")
+    names = sorted(per_name, key=per_name.get, reverse=True)
+    return sum(per_name.values()) / 1e3, names
+
+
+def measure_kernels(fn, device, warmup, iters):
+    """(median kernel ms per call, median wall ms per call, kernel names of the last profiled
+    call) of fn(): `warmup` (at least one) calls timed on the wall clock, each synchronised (what a
+    call costs the host and GPU together), then `iters` (at least one) calls each in a profiler
+    session of its own, timed by kernel_time_ms(). A session that recorded no kernel is left out
+    (the first one in a process starts CUPTI); when none recorded any, kernel_time_ms()'s error."""
+    wall = []
+    for _ in range(max(1, warmup)):
+        t0 = time.perf_counter()
+        fn()
+        _synchronize(device)
+        wall.append((time.perf_counter() - t0) * 1e3)
+    kernel, names, empty = [], [], None
+    for _ in range(max(1, iters)):
+        try:
+            ms, names = kernel_time_ms(_profiled_events(fn, device))
+        except RuntimeError as e:
+            empty = e
+            continue
+        kernel.append(ms)
+    if not kernel:
+        raise empty
+    return statistics.median(kernel), statistics.median(wall), names
+
+
+def max_abs_error(actual, expected):
+    return (actual.float() - expected.float()).abs().max().item()
+
+
+def refusal(caught):
+    """What torch warned when it found no SDPA backend (its debug pass over each backend's checks),
+    cuDNN's reasons first, one line each, once each."""
+    lines = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
+    lines.sort(key=lambda line: "cudnn" not in line.lower())
+    return "; ".join(dict.fromkeys(lines))
+
+
+def check_then_profile(impl, reference, device, args):
+    """The time_case entry of a profiler-timed implementation (cuDNN ragged): its forward once,
+    compared with reference = (name, out) and only then timed by measure_kernels(). peers.Skip,
+    with why, when there is nothing to compare with, when torch finds no backend for the case
+    (the reasons it warned), when the output is not finite or differs by more than
+    MISMATCH_TOL (normalised), or when the profiler records no kernel; the exception itself for
+    any other failure. Without "fwd" in --parts there is nothing of it to time: Skip."""
+    if "fwd" not in args.parts:
+        return peers.Skip("forward only, and this run times no forward")
+    if reference is None:
+        return peers.Skip("no other implementation's output to check it against; not timed")
+    ref_name, ref_out = reference
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = impl.forward()
+            _synchronize(device)
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run must not stop the others
+            if "No viable backend" not in str(e):
+                return e
+            return peers.Skip(f"torch found no backend for the case ({refusal(caught) or _error_text(e)})"[:300])
+    abs_err, err = max_abs_error(out, ref_out), normalised_error(out, ref_out)
+    if not (math.isfinite(abs_err) and err <= MISMATCH_TOL):
+        return peers.Skip(f"output differs from {ref_name}'s: max abs error {abs_err:.3g}, normalised {err:.3g} "
+                          f"(tolerance {MISMATCH_TOL}); not timed")
+    try:
+        kernel_ms, wall_ms, kernels = measure_kernels(impl.forward, device, args.warmup, args.iters)
+    except Exception as e:  # noqa: BLE001
+        return peers.Skip(f"checked (max abs error {abs_err:.3g}) but not timed: {_error_text(e)}")
+    return {"impl": impl, "out": out, "fwd_ms": kernel_ms, "grads": (), "bwd_ms": None, "timer": "profiler",
+            "wall_ms": wall_ms, "kernels": kernels[:3], "kernel_count": len(kernels), "checked_against": ref_name,
+            "max_abs_err": abs_err}
+
+
+# What a profiler-timed entry of time_case adds to its row (kernels: the three longest's names).
+PROFILED_FIELDS = ("timer", "wall_ms", "kernels", "kernel_count", "checked_against")
+
+
+def reference_output(impl_names, timed):
+    """(name, [T, H, D] out) of the first implementation with an output in this case, jagflash
+    first: what a profiler-timed implementation is checked against (None: none has one)."""
+    for name in sorted(impl_names, key=lambda n: n != "jagflash"):
+        t = timed.get(name)
+        if isinstance(t, dict) and t.get("out") is not None:
+            out, _ = t["impl"].unpad(t["out"], ())
+            return name, out.detach()
+    return None
+
+
 def batch_lengths(name, args):
     lengths = jagflash.generate_lengths(name, args.seed)
     if args.max_batch:
@@ -272,6 +414,8 @@ def time_case(impl_names, inputs, device, args):
     its backward through that forward's output timed the same way (without "bwd": grads () and
     bwd_ms None). Each direction's samples of all implementations are taken in turns (--order)."""
     impls, timed = make_all(impl_names, inputs, args)
+    profiled = {n: i for n, i in impls.items() if getattr(i, "timer", None) == "profiler"}
+    impls = {n: i for n, i in impls.items() if n not in profiled}
     if "fwd" in args.parts:
         forwards = measure_all({n: i.forward for n, i in impls.items()}, device, args, args.fwd_calls)
     else:
@@ -288,6 +432,12 @@ def time_case(impl_names, inputs, device, args):
         else:
             fwd_ms, out = forwards[name]
             live[name] = {"impl": impl, "out": out, "fwd_ms": fwd_ms, "grads": (), "bwd_ms": None}
+    # The profiler-timed (forward-only) implementations: checked against the others' forwards,
+    # then timed, before any backward runs.
+    reference = reference_output(impl_names, live) if profiled else None
+    for name, impl in profiled.items():
+        timed[name] = check_then_profile(impl, reference, device, args)
+    del reference
     if "bwd" in args.parts:
         backwards = measure_all({n: functools.partial(t["impl"].backward, t["out"]) for n, t in live.items()},
                                 device, args, args.bwd_calls)
@@ -303,8 +453,13 @@ def time_case(impl_names, inputs, device, args):
 
 def case_row(impl_name, timed, flops, reference):
     """One implementation's row on one case (time_case's entry for it), and its (out, *grads)
-    for comparison with the reference (jagflash's)."""
+    for comparison with the reference (jagflash's). A skipped case (peers.Skip) has "skipped",
+    why, in place of figures; a profiler-timed one says so ("timer") and carries its wall time a
+    call and the kernels it summed."""
     row = {"impl": impl_name}
+    if isinstance(timed, peers.Skip):
+        row["skipped"] = str(timed)
+        return row, None
     try:
         if isinstance(timed, Exception):
             raise timed
@@ -314,10 +469,15 @@ def case_row(impl_name, timed, flops, reference):
             if ms is not None:
                 row[f"{direction}_ms"] = ms
                 row[f"{direction}_tflops"] = factor * flops / ms / 1e9
+        row.update({key: timed[key] for key in PROFILED_FIELDS if key in timed})
         result = (out.detach(), *grads)
         if reference is not None:
-            row["max_err"] = max(normalised_error(a, b) for a, b in zip(result, reference))
+            pairs = list(zip(result, reference))
+            row["max_err"] = max(normalised_error(a, b) for a, b in pairs)
+            row["max_abs_err"] = max(max_abs_error(a, b) for a, b in pairs)
             row["mismatch"] = row["max_err"] > MISMATCH_TOL
+        elif "max_abs_err" in timed:  # checked against another peer, jagflash having failed
+            row["max_abs_err"] = timed["max_abs_err"]
         return row, result
     except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the others
         row["error"] = _error_text(e)
@@ -348,17 +508,28 @@ def save(out_dir, meta, rows, steps):
 
 
 def skip_unavailable(args, meta):
-    """Drops FA3 from the run when flash_attn_interface does not import, noting why in meta."""
-    if "FA3 varlen" not in args.impls:
-        return
-    reason = peers.fa3_import_error()
-    if reason is None:
-        return
-    args.impls = [name for name in args.impls if name != "FA3 varlen"]
-    meta["impls"] = list(args.impls)
-    meta["skipped"]["FA3 varlen"] = (f"flash_attn_interface does not import ({reason}); put FA3's prebuilt "
+    """Drops from the run FA3 when flash_attn_interface does not import, and cuDNN ragged when
+    this process or device cannot run it (peers.cudnn_ragged_unavailable), noting why in meta.
+    With cuDNN in the run, first sets the variable that lets torch give it nested inputs: this
+    runs before any measurement, hence before the process's first SDPA call."""
+    reasons = {}
+    if "FA3 varlen" in args.impls:
+        reason = peers.fa3_import_error()
+        if reason is not None:
+            reasons["FA3 varlen"] = (f"flash_attn_interface does not import ({reason}); put FA3's prebuilt "
                                      "copy on PYTHONPATH (scripts/gpu-python.sh does, from .fa3/)")
-    print(f"compare.py: FA3 varlen skipped: {meta['skipped']['FA3 varlen']}", flush=True)
+    if peers.CUDNN in args.impls:
+        peers.enable_cudnn_nested()
+        reason = peers.cudnn_ragged_unavailable(torch.device(args.device))
+        if reason is not None:
+            reasons[peers.CUDNN] = reason
+    if not reasons:
+        return
+    args.impls = [name for name in args.impls if name not in reasons]
+    meta["impls"] = list(args.impls)
+    for name, reason in reasons.items():
+        meta["skipped"][name] = reason
+        print(f"compare.py: {name} skipped: {reason}", flush=True)
 
 
 def run(args, out_dir):
@@ -425,14 +596,27 @@ def run(args, out_dir):
     return meta, rows, steps
 
 
+def progress_note(row):
+    """What a progress line adds for a row's max abs error and, profiler-timed, its kernels."""
+    note = f" (abs {row['max_abs_err']:.2g})" if row.get("max_abs_err") is not None else ""
+    if row.get("timer") == "profiler":
+        count = row.get("kernel_count", len(row["kernels"]))
+        note += (f"  [kernel time, {count} kernel(s), longest {row['kernels'][0][:48]}; "
+                 f"{row['wall_ms']:.1f} ms a call on the wall clock]")
+    return note
+
+
 def _progress(row, seconds):
     what = f"{row['dist']:>9} {row['mask']:>6} D{row['head_dim']:<3} {row['impl']:<13}"
     if row.get("error"):
         return f"{what} ERROR {row['error']}"
+    if row.get("skipped"):
+        return f"{what} SKIPPED {row['skipped']}"
     parts = [f"{name} {row[f'{key}_ms']:9.3f} ms {row[f'{key}_tflops']:7.3g} TFLOP/s"
              for key, name in (("fwd", "fwd"), ("bwd", "bwd"), ("step", "training step"))
              if row.get(f"{key}_ms") is not None]
     err = f"  err {row['max_err']:.2g}" if row.get("max_err") is not None else ""
+    err += progress_note(row)
     return f"{what} {'   '.join(parts)}{err}   ({seconds:.0f} s)"
 
 

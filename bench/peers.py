@@ -1,6 +1,6 @@
 """The implementations compare.py runs side by side, each behind the same small interface:
 
-    impl = make(name, inputs)          # may raise: the caller records why it could not run
+    impl = make(name, inputs)          # may raise: the caller records why it could not run (Skip: a note)
     out = impl.forward()               # [T, H, D], differentiable in inputs.q/k/v (or padded copies)
     dq, dk, dv = impl.backward(out)    # gradients for inputs.dout, [T, ...] like q/k/v; out's graph kept
     out, (dq, dk, dv) = impl.step()    # a training step: forward, then backward through it once
@@ -12,19 +12,43 @@ block mask lists no block of the padding, so the padding costs it (almost) nothi
 FlashAttention-3 ("FA3 varlen") is a benchmark peer only, never a dependency: it runs when
 `flash_attn_interface` imports (the prebuilt copy of shared/peers/fa3, carried to the GPU machine as
 .fa3/ and put on PYTHONPATH by scripts/gpu-python.sh); fa3_import_error() says why not otherwise.
+
+cuDNN ("cuDNN ragged") is torch's nested-tensor SDPA on cuDNN's ragged-offset kernels: forward
+only, timed by its GPU kernels through torch.profiler rather than by events (CudnnRagged says why),
+asked for by name (--impls), never run by default.
 """
 import itertools
+import os
 from dataclasses import dataclass
 
 import torch
 
 import jagflash
 
-PEERS = ("FA2 varlen", "FA3 varlen", "varlen_attn", "FlexAttention")
+CUDNN = "cuDNN ragged"
+CUDNN_NESTED_ENV = "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED"
+PEERS = ("FA2 varlen", "FA3 varlen", "varlen_attn", "FlexAttention", CUDNN)
 IMPLEMENTATIONS = ("jagflash",) + PEERS
+# What a run takes without --impls: every implementation but cuDNN, whose calls spend tens of ms
+# each on the host (its graph rebuilt) and a profiler session each: by estimate (not measured) a
+# minute more over compare.py's 20 cases, which scripts/gpu-python.sh's time limit for compare.py
+# does not leave room for.
+DEFAULT_IMPLEMENTATIONS = tuple(name for name in IMPLEMENTATIONS if name != CUDNN)
 # What the backward bars of issues 13 and 14 compare (and the training step runs).
 BAR_IMPLEMENTATIONS = ("jagflash", "FA2 varlen", "FA3 varlen")
 _FLEX_BLOCK = 128
+
+
+def impl_name(text):
+    """An implementation's name as given on a command line: as spelled, or with _ for each space
+    (cuDNN_ragged, FA3_varlen: names a shell variable such as COMPARE_ARGS can carry)."""
+    return text if text in IMPLEMENTATIONS else text.replace("_", " ")
+
+
+class Skip(Exception):
+    """An implementation that does not take this case (or whose output was wrong, so it was not
+    timed): the message says why, and the table shows a note instead of a figure. Not a failure
+    of the run."""
 
 
 @dataclass
@@ -267,6 +291,103 @@ class FlexAttention(_Autograd):
         return out[0].transpose(0, 1)[: self.total], tuple(g[: self.total] for g in grads)
 
 
+def enable_cudnn_nested():
+    """Lets torch hand nested inputs to cuDNN: its environment variable set to 1 unless the
+    environment already has a value (which cudnn_ragged_unavailable() then reports). torch reads
+    it once, the first time any SDPA call asks whether cuDNN may take nested inputs (a static in
+    sdp_utils.cpp), so this must run before the process's first SDPA call: compare.py and
+    sweep.py call it (through skip_unavailable) before they measure anything, and only when
+    cuDNN is in the run."""
+    os.environ.setdefault(CUDNN_NESTED_ENV, "1")
+
+
+def cudnn_ragged_unavailable(device):
+    """None when cuDNN's ragged SDPA can run in this process on `device`, else why not (one
+    line): what a whole run skips it for. What torch decides per case (lengths, layout) comes out
+    of the first call of each case instead."""
+    from torch.nn.attention import SDPBackend
+
+    value = os.environ.get(CUDNN_NESTED_ENV)
+    if value != "1":
+        return (f"{CUDNN_NESTED_ENV}={value!r} in the environment; torch takes nested inputs to cuDNN "
+                "only with 1, read at its first SDPA call")
+    if not hasattr(torch.nested, "nested_tensor_from_jagged") or not hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        return f"torch {torch.__version__} has no jagged nested tensors or no cuDNN SDPA backend"
+    if torch.device(device).type != "cuda":
+        return "needs a CUDA device"
+    if not torch.backends.cudnn.is_available():
+        return f"torch {torch.__version__} was built without cuDNN"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):  # torch's check_for_nested_inputs
+        return f"torch runs cuDNN's nested SDPA on sm_90 and sm_100 only, not sm_{major}{minor}"
+    return None
+
+
+def causal_alignment_skip(causal, q_lengths, kv_lengths):
+    """Why a causal case cannot be compared (None when it can). cuDNN's is_causal keeps the
+    diagonal at the top left of each sequence's score matrix, jagflash's (and FA2's, FA3's) at
+    the bottom right; the two are the same mask only where every sequence has Lq == Lk, as in
+    self-attention."""
+    if not causal:
+        return None
+    differ = sum(1 for lq, lk in zip(q_lengths, kv_lengths) if lq != lk) + abs(len(q_lengths) - len(kv_lengths))
+    if differ:
+        return (f"causal with Lq != Lk in {differ} sequence(s): cuDNN's causal mask is top-left aligned, "
+                "jagflash's bottom-right")
+    return None
+
+
+class CudnnRagged(_Implementation):
+    """scaled_dot_product_attention of jagged nested tensors under sdpa_kernel(CUDNN_ATTENTION):
+    torch hands the packed [T, H, D] buffers and the offsets to cuDNN's ragged-offset SDPA
+    (aten._cudnn_attention_forward), which is what TransformerEngine users get for packed
+    sequences.
+
+    Forward only: on ragged inputs its backward returns wrong dq / dk in torch 2.11 (PyTorch
+    PR 186142), so backward() refuses. It is timed by its GPU kernels (compare.measure_kernels,
+    the `timer` below) rather than by events around queued calls: torch rebuilds its cuDNN graph
+    on every call, tens of ms on the host, so an event-timed call would measure the host."""
+
+    timer = "profiler"
+    # torch's nested path (_check_head_dim_size_cudnn_nested): same D for q, k, v, a multiple of 8,
+    # at most 128.
+    MAX_HEAD_DIM = 128
+
+    def __init__(self, x, backend=None):
+        from torch.nn.attention import SDPBackend
+
+        head_dim = x.q.shape[-1]
+        if head_dim % 8 or head_dim > self.MAX_HEAD_DIM:
+            raise Skip(f"torch's nested cuDNN path takes head dims that are multiples of 8 up to "
+                       f"{self.MAX_HEAD_DIM}, not {head_dim}")
+        # Self-attention: q and kv share one offsets tensor, so their lengths are the same lists.
+        reason = causal_alignment_skip(x.causal, x.lengths, x.lengths)
+        if reason:
+            raise Skip(reason)
+        self.x = x
+        self.backend = SDPBackend.CUDNN_ATTENTION if backend is None else backend
+        # min/max given, so that torch never reads them back from the device (a sync per call).
+        bounds = {"min_seqlen": min(x.lengths, default=0), "max_seqlen": x.max_len}
+
+        def nested(t):  # [T, H, D] -> [B, H, j, D], a view of the same buffer
+            return torch.nested.nested_tensor_from_jagged(t.detach(), x.offsets, **bounds).transpose(1, 2)
+
+        self.q, self.k, self.v = nested(x.q), nested(x.k), nested(x.v)
+
+    def forward(self):
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(self.backend):
+            out = torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.x.causal)
+        return out.transpose(1, 2).values()  # [B, H, j, D] -> the packed [T, H, D]
+
+    def backward(self, out, retain_graph=True):
+        raise NotImplementedError("cuDNN ragged is a forward peer only: its ragged backward is wrong in torch 2.11")
+
+    def step(self):
+        return self.backward(None)
+
+
 def make(name, inputs, compile_flex=True):
     if name == "jagflash":
         return Jagflash(inputs)
@@ -278,4 +399,6 @@ def make(name, inputs, compile_flex=True):
         return VarlenAttn(inputs)
     if name == "FlexAttention":
         return FlexAttention(inputs, compile_flex)
+    if name == CUDNN:
+        return CudnnRagged(inputs)
     raise ValueError(f"unknown implementation {name!r}")

@@ -3,10 +3,12 @@ last, and the PNG chart."""
 from collections import defaultdict
 from pathlib import Path
 
-from peers import IMPLEMENTATIONS, PEERS
+from peers import CUDNN, IMPLEMENTATIONS, PEERS
 
 COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "FA3 varlen": "#ff7f0e", "varlen_attn": "#9ecae1",
-           "FlexAttention": "#2ca02c"}
+           "FlexAttention": "#2ca02c", CUDNN: "#9467bd"}
+KERNEL_TIME_MARK = "³"  # a figure from the GPU kernels' time in the profiler, not from events
+SKIPPED_MARK = "⁴"
 
 
 # Issue 4's forward bar, jagflash / FA2 varlen in the same run: FA3's ratio over FA2 from
@@ -212,8 +214,10 @@ def _cell(row):
         return "—"
     if row.get("error"):
         return "error¹"
+    if row.get("skipped"):
+        return "skipped" + SKIPPED_MARK
     fwd, bwd = (_tflops(row, direction) for direction in ("fwd", "bwd"))
-    mark = "²" if row.get("mismatch") else ""
+    mark = ("²" if row.get("mismatch") else "") + (KERNEL_TIME_MARK if row.get("timer") == "profiler" else "")
     return " / ".join("—" if t is None else f"{t:.1f}" for t in (fwd, bwd)) + mark
 
 
@@ -230,10 +234,12 @@ def _ratio_cell(impls):
 
 
 def table(rows):
-    head = "| dist | mask | D | " + " | ".join(IMPLEMENTATIONS) + " | jagflash / best peer |"
-    lines = [head, "|" + "---|" * (len(IMPLEMENTATIONS) + 4)]
+    # cuDNN's column only in runs that asked for it (it is not in the default run).
+    names = [name for name in IMPLEMENTATIONS if name != CUDNN or any(r["impl"] == CUDNN for r in rows)]
+    head = "| dist | mask | D | " + " | ".join(names) + " | jagflash / best peer |"
+    lines = [head, "|" + "---|" * (len(names) + 4)]
     for (dist, mask, head_dim), impls in _by_case(rows).items():
-        cells = " | ".join(_cell(impls.get(name)) for name in IMPLEMENTATIONS)
+        cells = " | ".join(_cell(impls.get(name)) for name in names)
         lines.append(f"| {dist} | {mask} | {head_dim} | {cells} | {_ratio_cell(impls)} |")
     return "\n".join(lines)
 
@@ -254,6 +260,51 @@ def _method_note(meta):
     return (f"a run is {meta['fwd_calls']} forward call(s) or {meta['bwd_calls']} backward call(s) or training "
             f"step(s) queued back to back, per call) after {meta.get('warmup', 'a')} warm-up run(s), an "
             f"implementation's runs capped at {meta['budget_s']} s per measurement; {order}")
+
+
+def _where(row):
+    """A row's case as text: compare.py's rows name a distribution, sweep.py's a case."""
+    return f"{row.get('dist', row.get('case'))}/{row['mask']}/D{row['head_dim']}"
+
+
+def kernel_timed_note(meta, rows):
+    """The caption's sentence on the profiler-timed implementation (cuDNN ragged), from its rows:
+    how it was timed and why, what its calls cost on the wall clock, and how its output compared
+    with the reference's before it was timed (None when no row of it was timed)."""
+    timed = [r for r in rows if r.get("timer") == "profiler" and not r.get("error")]
+    if not timed:
+        return None
+    names = ", ".join(dict.fromkeys(r["impl"] for r in timed))
+    wall = sorted(r["wall_ms"] for r in timed if r.get("wall_ms") is not None)
+    kernel = sorted(r["fwd_ms"] for r in timed if r.get("fwd_ms") is not None)
+    text = (f"{KERNEL_TIME_MARK} {names}: torch's nested-tensor SDPA (jagged q, k, v as [B, H, j, D]) with "
+            "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1 and sdpa_kernel(CUDNN_ATTENTION), cuDNN "
+            f"{meta.get('cudnn', '?')}; forward only (its ragged backward returns wrong dq / dk in torch 2.11, "
+            "PyTorch PR 186142). Its time is the sum of the CUDA kernel times of one call in torch.profiler, "
+            f"the median of {meta.get('iters', '?')} calls, not CUDA events around queued calls as for the "
+            "others: torch rebuilds its cuDNN graph on every call and spends tens of ms on the host")
+    if wall and kernel:
+        text += (f" (here {wall[0]:.1f}–{wall[-1]:.1f} ms a call on the wall clock, against "
+                 f"{kernel[0]:.2f}–{kernel[-1]:.2f} ms of kernels)")
+    text += (". So its figure leaves out launch gaps and host work that the event-timed figures include, "
+             "and its kernels run on a GPU that idles between calls")
+    abs_errs = [(r["max_abs_err"], r) for r in timed if r.get("max_abs_err") is not None]
+    if abs_errs:
+        worst, r = max(abs_errs, key=lambda pair: pair[0])
+        against = ", ".join(sorted({t.get("checked_against", "jagflash") for t in timed}))
+        text += (f". Its output was checked against {against}'s before it was timed: max abs error at most "
+                 f"{worst:.3g} ({_where(r)})")
+    return text + "."
+
+
+def skipped_notes(rows):
+    """One line per (implementation, reason) of the cases skipped, with the cases."""
+    by_reason = defaultdict(list)
+    for r in rows:
+        if r.get("skipped"):
+            by_reason[(r["impl"], r["skipped"])].append(_where(r))
+    return [f"{SKIPPED_MARK} {impl} skipped on {', '.join(cases)}: {reason}"
+            for (impl, reason), cases in by_reason.items()]
 
 
 def markdown(meta, rows, png_name, steps=()):
@@ -305,6 +356,10 @@ def markdown(meta, rows, png_name, steps=()):
         notes.append(f"{impl} not in this run: {reason}.")
     for impl, error in errors:
         notes.append(f"¹ {impl}: {error}")
+    kernel_note = kernel_timed_note(meta, rows)
+    if kernel_note:
+        notes.append(kernel_note)
+    notes += skipped_notes(rows)
     if mismatches:
         cases = ", ".join(f"{r['impl']} on {r['dist']}/{r['mask']}/D{r['head_dim']} ({r['max_err']:.2g})" for r in mismatches)
         notes.append(f"² output or gradients differ from jagflash's by more than {meta['mismatch_tol']} (normalised max error): {cases}")

@@ -13,6 +13,11 @@ The first thing to run after each kernel change (issue 24):
     python bench/sweep.py --variant plain:JAGFLASH_BWD_L2_GROUP_MB=0,JAGFLASH_BWD_ROTATE=0
     python bench/sweep.py --from DIR --update-results      # here: append DIR's section to RESULTS.md
     python bench/sweep.py --device cpu --tokens 512 --lengths 64 128 --head-dims 64 --impls jagflash
+    python bench/sweep.py --parts fwd --own --impls jagflash FA3_varlen cuDNN_ragged   # forward vs cuDNN
+
+cuDNN ragged (only when named in --impls) is a forward peer timed by its GPU kernels in
+torch.profiler, checked against jagflash's output first, skipped with a note where it cannot run
+or is wrong (compare.check_then_profile).
 
 A --variant NAME:VAR=VALUE,... adds "jagflash NAME", jagflash with those environment variables set
 around each of its calls (the backward's tile-order knobs are read at every launch), timed in the
@@ -43,6 +48,7 @@ sys.path.insert(0, str(HERE))
 import jagflash  # noqa: E402
 import compare  # noqa: E402
 import peers  # noqa: E402
+import report  # noqa: E402
 
 DEFAULT_IMPLS = ("jagflash", "FA3 varlen", "FA2 varlen")
 BWD_FLOPS = compare.BWD_FLOPS
@@ -60,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--own", nargs="*", default=list(OWN_BATCHES), choices=OWN_BATCHES,
                    help="our own batches after the sweep (none: --own with no name)")
     p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=peers.IMPLEMENTATIONS,
-                   type=lambda s: s.replace("_", " "), help="names with _ for spaces also: FA3_varlen")
+                   type=peers.impl_name, help="names with _ for spaces also: FA3_varlen, cuDNN_ragged")
     p.add_argument("--variant", action="append", default=[],
                    help="NAME:VAR=VALUE[,VAR=VALUE...]: jagflash again with these environment variables")
     p.add_argument("--parts", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
@@ -164,8 +170,12 @@ def implementations(args, inputs):
 
 
 def time_case(args, inputs, device):
-    """{impl: {fwd_ms, bwd_ms, out, grads} or exception}."""
+    """{impl: {fwd_ms, bwd_ms, out, grads} or exception (peers.Skip: a note)}. A profiler-timed
+    implementation (cuDNN ragged) is checked against jagflash's forward, then timed, after the
+    others' forwards (compare.check_then_profile)."""
     impls, results = implementations(args, inputs)
+    profiled = {n: i for n, i in impls.items() if getattr(i, "timer", None) == "profiler"}
+    impls = {n: i for n, i in impls.items() if n not in profiled}
     if "fwd" in args.parts:
         forwards = compare.measure_all({n: i.forward for n, i in impls.items()}, device, args, args.fwd_calls)
     else:
@@ -180,7 +190,11 @@ def time_case(args, inputs, device):
         if isinstance(r, Exception):
             results[n] = r
         else:
-            live[n] = {"fwd_ms": r[0], "out": r[1], "bwd_ms": None, "grads": ()}
+            live[n] = {"impl": impls[n], "fwd_ms": r[0], "out": r[1], "bwd_ms": None, "grads": ()}
+    reference = compare.reference_output(list(impls), live) if profiled else None
+    for n, impl in profiled.items():
+        results[n] = compare.check_then_profile(impl, reference, device, args)
+    del reference
     if "bwd" in args.parts:
         fns = {n: functools.partial(impls[n].backward, t["out"]) for n, t in live.items()}
         for n, r in compare.measure_all(fns, device, args, args.bwd_calls).items():
@@ -225,19 +239,26 @@ def run(args):
                     row = {"case": case, "length": lengths[0] if case.startswith("uniform") else None,
                            "batch": len(lengths), "head_dim": head_dim, "mask": mask, "impl": name}
                     r = timed.get(name)
-                    if r is None or isinstance(r, Exception):
+                    if isinstance(r, peers.Skip):
+                        row["skipped"] = str(r)
+                    elif r is None or isinstance(r, Exception):
                         row["error"] = compare._error_text(r) if r is not None else "not run"
                     else:
                         for part, factor in (("fwd", 1.0), ("bwd", BWD_FLOPS)):
                             if r[f"{part}_ms"] is not None:
                                 row[f"{part}_ms"] = r[f"{part}_ms"]
                                 row[f"{part}_tflops"] = factor * flops / r[f"{part}_ms"] / 1e9
+                        row.update({key: r[key] for key in compare.PROFILED_FIELDS if key in r})
                         result = (r["out"].detach(), *r["grads"])
                         if reference is None and name == "jagflash":
                             reference = result
                         elif reference is not None:
-                            row["max_err"] = max(compare.normalised_error(a, b) for a, b in zip(result, reference))
+                            pairs = list(zip(result, reference))
+                            row["max_err"] = max(compare.normalised_error(a, b) for a, b in pairs)
+                            row["max_abs_err"] = max(compare.max_abs_error(a, b) for a, b in pairs)
                             row["mismatch"] = row["max_err"] > compare.MISMATCH_TOL
+                        elif "max_abs_err" in r:
+                            row["max_abs_err"] = r["max_abs_err"]
                     rows.append(row)
                     print(progress(row), flush=True)
                 print(f"  ({time.time() - t0:.0f} s)", flush=True)
@@ -253,9 +274,12 @@ def progress(row):
     what = f"{row['case']:>12} D{row['head_dim']:<3} {row['mask']:>6} {row['impl']:<18}"
     if row.get("error"):
         return f"{what} ERROR {row['error']}"
+    if row.get("skipped"):
+        return f"{what} SKIPPED {row['skipped']}"
     parts = [f"{p} {row[p + '_ms']:8.3f} ms {row[p + '_tflops']:6.1f} TFLOP/s" for p in ("fwd", "bwd")
              if row.get(p + "_ms") is not None]
     err = f"  err {row['max_err']:.2g}" if row.get("max_err") is not None else ""
+    err += compare.progress_note(row)
     return f"{what} {'   '.join(parts)}{err}"
 
 
@@ -282,9 +306,12 @@ def table(meta, rows, part="bwd", peer="FA3 varlen"):
     for d, mask in combos:
         cells = []
         for c in case_names:
-            mine, theirs = _tf(by.get((c, d, mask, "jagflash")), part), _tf(by.get((c, d, mask, peer)), part)
+            peer_row = by.get((c, d, mask, peer))
+            mine, theirs = _tf(by.get((c, d, mask, "jagflash")), part), _tf(peer_row, part)
             if mine is None:
                 cells.append("-")
+            elif peer_row is not None and peer_row.get("skipped"):
+                cells.append(f"{mine:.0f} / skipped{report.SKIPPED_MARK}")
             elif theirs is None:
                 cells.append(f"{mine:.0f}")
             else:
@@ -355,6 +382,11 @@ def markdown(meta, rows, png_name):
     lines += ["Backward, jagflash / FA3 varlen (ratio):", "", table(meta, rows, "bwd"), "",
               "Backward, jagflash / FA2 varlen (ratio):", "", table(meta, rows, "bwd", "FA2 varlen"), "",
               "Forward, jagflash / FA3 varlen (ratio):", "", table(meta, rows, "fwd"), ""]
+    if peers.CUDNN in meta["impls"]:
+        lines += [f"Forward, jagflash / {peers.CUDNN}{report.KERNEL_TIME_MARK} (ratio):", "",
+                  table(meta, rows, "fwd", peers.CUDNN), ""]
+        lines += [f"- {n}" for n in filter(None, [report.kernel_timed_note(meta, rows)])]
+        lines += [f"- {n}" for n in report.skipped_notes(rows)] + [""]
     vt = variants_table(meta, rows)
     if vt:
         lines += ["Backward of each variant (ratio to jagflash's default):", "", vt, ""]
@@ -426,6 +458,12 @@ def main():
         print(f"appended to {results}")
     print("sweep.py: backward TFLOP/s, jagflash / FA3 varlen (ratio)")
     print(table(meta, rows, "bwd"))
+    # After the backward's table, so that scripts/gpu-sweep.sh's summary (from that line on) has them.
+    print("sweep.py: forward TFLOP/s, jagflash / FA3 varlen (ratio)")
+    print(table(meta, rows, "fwd"))
+    if peers.CUDNN in meta["impls"]:
+        print(f"sweep.py: forward TFLOP/s, jagflash / {peers.CUDNN} (ratio; its GPU kernels' time from torch.profiler)")
+        print(table(meta, rows, "fwd", peers.CUDNN))
     vt = variants_table(meta, rows)
     if vt:
         print("sweep.py: variants, backward TFLOP/s (ratio to jagflash)")

@@ -134,8 +134,11 @@ def test_interleaved_budget_is_per_function():
 
 def test_options_pick_parts_and_implementations():
     args = compare.parse_args([])
-    assert args.parts == ["fwd", "bwd", "step"] and args.impls == list(peers.IMPLEMENTATIONS)
+    assert args.parts == ["fwd", "bwd", "step"] and args.impls == list(peers.DEFAULT_IMPLEMENTATIONS)
     assert "FA3 varlen" in args.impls and args.order == "interleaved" and args.bwd_calls == 2
+    assert peers.CUDNN not in args.impls  # asked for by name only
+    assert compare.parse_args(["--impls", "jagflash", "cuDNN_ragged", "varlen_attn"]).impls == [
+        "jagflash", "cuDNN ragged", "varlen_attn"]
     quick = compare.parse_args(["--bwd-only", "--dists", "short", "--head-dims", "128"])
     assert quick.parts == ["bwd", "step"] and quick.impls == ["jagflash", "FA2 varlen", "FA3 varlen"]
     assert quick.dists == ["short"] and quick.head_dims == [128]
