@@ -2,8 +2,10 @@
 // correct over fast. It checks the Hopper kernels on batches too large for the CPU reference.
 //
 // One warp owns one (row, head): the lanes split the head dim, a shuffle reduction gives each
-// score, and the loop runs only over the keys the mask leaves visible. No atomics anywhere, so
-// results are bitwise reproducible.
+// score, and the loop runs only over the keys the mask leaves visible. The call's score modifier
+// (core/score_mod.hpp: softcap, ALiBi) maps each scaled score and gives dS its derivative, as in
+// the CPU reference; problem.alibi_slopes is read on the device. No atomics anywhere, so results
+// are bitwise reproducible.
 #pragma once
 
 #include <jagflash/jagflash.h>

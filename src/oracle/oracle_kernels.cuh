@@ -5,6 +5,7 @@
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
 #include "core/pooled.hpp"
+#include "core/score_mod.hpp"
 #include "oracle/oracle.hpp"
 
 #include <cuda_runtime.h>
@@ -46,8 +47,13 @@ struct JaggedGeometry {
   int32_t num_heads;
   int32_t group;  // query heads per kv head
   MaskPolicy mask;
+  ScoreMod mod;
   float scale;
-  float scale_log2;  // scale * log2(e): scores go straight into exp2
+  // What the row a warp holds (q; in the dk/dv kernel, k) is multiplied by as it is loaded, so that
+  // its dot product with the other row is what log2_score takes: scale * log2(e) without a modifier
+  // (the dot is then the score in log2 units and goes straight into exp2), scale with one (the dot
+  // is the scaled score s in natural units, the modifier's input).
+  float dot_scale;
   const int32_t* error_flag;
 };
 
@@ -62,8 +68,9 @@ inline JaggedGeometry geometry(const jf_problem& p, const Workspace& ws) {
   g.num_heads = p.q.heads;
   g.group = p.q.heads / p.k.heads;
   g.mask = MaskPolicy::from(p.mask, p.window_left, p.window_right);
+  g.mod = ScoreMod::from(p);
   g.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(static_cast<float>(p.q.head_dim));
-  g.scale_log2 = g.scale * kLog2e;
+  g.dot_scale = g.mod.is_none() ? g.scale * kLog2e : g.scale;
   g.error_flag = ws.error_flag;
   return g;
 }
@@ -110,6 +117,25 @@ __device__ __forceinline__ OutputRowPlace place_output_row(const JaggedGeometry&
   r.kv_start = g.kv_offsets[r.b];
   r.lk = g.kv_offsets[r.b + 1] - r.kv_start;
   return r;
+}
+
+// The score modifier is a runtime branch here, not a template parameter as in the Hopper kernels:
+// its kind is the same for every warp of a call (no divergence), the branch is noise next to the
+// two shuffle reductions each key costs, and a template on it would triple the oracle's
+// instantiations (build time and image) for code that is meant to be correct rather than fast.
+// Without a modifier the arithmetic is today's: the pre-scaled dot goes into exp2 as it is.
+
+// The score in log2 units (what exp2 takes, and what lse * log2(e) is compared with) of the pair
+// whose dot product of pre-scaled rows (JaggedGeometry::dot_scale) is `dot`.
+__device__ __forceinline__ float log2_score(const JaggedGeometry& g, float dot, const ScoreCoords& at) {
+  return g.mod.is_none() ? dot : g.mod.score(dot, at) * kLog2e;
+}
+
+// dS = P (dP - delta) * dscore, dscore being the modifier's derivative at s (`dot` as above);
+// `ds` is P (dP - delta), left as it is without a modifier.
+__device__ __forceinline__ float modified_ds(const JaggedGeometry& g, float ds, float dot,
+                                             const ScoreCoords& at) {
+  return g.mod.is_none() ? ds : ds * g.mod.dscore(dot, at);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -181,12 +207,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t kv_start = place.kv_start;
     const IndexRange keys = g.mask.key_range(place.i, place.lq, place.lk);
 
+    ScoreCoords at{head, place.i, 0, place.lq, place.lk};
+
     WarpVec<D> q_row, acc;
-    q_row.load(q.at(place.q_row, head), lane, g.scale_log2);
+    q_row.load(q.at(place.q_row, head), lane, g.dot_scale);
     acc.zero();
-    float m_i = -INFINITY, l_i = 0.f;
+    float m_i = -INFINITY, l_i = 0.f;  // log2 units
     for (int64_t j = keys.lo; j <= keys.hi; ++j) {
-      const float s = q_row.dot(k.at(kv_start + j, kv_head), lane);
+      at.j = j;
+      const float s = log2_score(g, q_row.dot(k.at(kv_start + j, kv_head), lane), at);
       const float m_new = fmaxf(m_i, s);
       const float correction = exp2f(m_i - m_new);
       const float p = exp2f(s - m_new);
@@ -219,8 +248,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t kv_start = place.kv_start;
     const IndexRange keys = g.mask.key_range(place.i, place.lq, place.lk);
 
+    ScoreCoords at{head, place.i, 0, place.lq, place.lk};
+
     WarpVec<D> q_row, do_row, o_row, dq_acc;
-    q_row.load(q.at(row, head), lane, g.scale_log2);
+    q_row.load(q.at(row, head), lane, g.dot_scale);
     do_row.load(dout.at(row, head), lane);
     o_row.load(out.at(row, head), lane);
     const float delta_i = do_row.dot(o_row);
@@ -229,10 +260,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     dq_acc.zero();
     if (lse_log2 != -INFINITY) {
       for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+        at.j = j;
         const T* k_row = k.at(kv_start + j, kv_head);
-        const float p = exp2f(q_row.dot(k_row, lane) - lse_log2);
+        const float dot = q_row.dot(k_row, lane);
+        const float p = exp2f(log2_score(g, dot, at) - lse_log2);
         const float dp = do_row.dot(v.at(kv_start + j, kv_head), lane);
-        dq_acc.scale_add(1.f, p * (dp - delta_i), k_row, lane);
+        dq_acc.scale_add(1.f, modified_ds(g, p * (dp - delta_i), dot, at), k_row, lane);
       }
     }
     dq_acc.store(dq.at(row, head), lane, g.scale);
@@ -258,7 +291,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int32_t kv_head = head / g.group;
 
     WarpVec<D> q_row, do_row, o_row, dq_acc;
-    q_row.load(q.at(i, head), lane, g.scale_log2);
+    q_row.load(q.at(i, head), lane, g.dot_scale);
     dq_acc.zero();
     for (int32_t b = 0; b < g.batch_size; ++b) {
       const int64_t row = int64_t(b) * lq + i;
@@ -270,11 +303,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       const float lse_log2 = lse[int64_t(head) * g.total_q + row] * kLog2e;
       if (lse_log2 == -INFINITY) continue;  // no visible key (a sequence of length 0, or the mask)
       const IndexRange keys = g.mask.key_range(i, lq, lk);
+      ScoreCoords at{head, i, 0, lq, lk};
       for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+        at.j = j;
         const T* k_row = k.at(kv_start + j, kv_head);
-        const float p = exp2f(q_row.dot(k_row, lane) - lse_log2);
+        const float dot = q_row.dot(k_row, lane);
+        const float p = exp2f(log2_score(g, dot, at) - lse_log2);
         const float dp = do_row.dot(v.at(kv_start + j, kv_head), lane);
-        dq_acc.scale_add(1.f, p * (dp - delta_i), k_row, lane);
+        dq_acc.scale_add(1.f, modified_ds(g, p * (dp - delta_i), dot, at), k_row, lane);
       }
     }
     dq_acc.store(dq.at(i, head), lane, g.scale);
@@ -304,22 +340,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t out_start = pooled ? int64_t(b) * g.pooled_q_rows : q_start;
     const int64_t lq = pooled ? g.pooled_q_rows : g.q_offsets[b + 1] - q_start;
     const IndexRange queries = g.mask.query_range(row - kv_start, lq, lk);
+    ScoreCoords at{0, 0, row - kv_start, lq, lk};
 
     WarpVec<D> k_row, v_row, dk_acc, dv_acc;
-    k_row.load(k.at(row, kv_head), lane, g.scale_log2);
+    k_row.load(k.at(row, kv_head), lane, g.dot_scale);
     v_row.load(v.at(row, kv_head), lane);
     dk_acc.zero();
     dv_acc.zero();
     for (int32_t h = kv_head * g.group; h < (kv_head + 1) * g.group; ++h) {
+      at.head = h;
       for (int64_t i = queries.lo; i <= queries.hi; ++i) {
+        at.i = i;
         const int64_t out_row_idx = out_start + i;
         const float lse_log2 = lse[int64_t(h) * g.total_q + out_row_idx] * kLog2e;
         if (lse_log2 == -INFINITY) continue;  // cannot happen when i sees this key; kept as a guard
         const T* q_row = q.at(q_start + i, h);
         const T* do_row = dout.at(out_row_idx, h);
-        const float p = exp2f(k_row.dot(q_row, lane) - lse_log2);
+        const float dot = k_row.dot(q_row, lane);
+        const float p = exp2f(log2_score(g, dot, at) - lse_log2);
         const float dp = v_row.dot(do_row, lane);
-        const float ds = p * (dp - delta[int64_t(h) * g.total_q + out_row_idx]);
+        const float ds = modified_ds(g, p * (dp - delta[int64_t(h) * g.total_q + out_row_idx]), dot, at);
         dv_acc.scale_add(1.f, p, do_row, lane);
         dk_acc.scale_add(1.f, ds, q_row, lane);
       }
