@@ -84,10 +84,9 @@ def check_head_dims(q, k, v):
 
 def check_score_mod(q, softcap, alibi_slopes):
     """The score modifier in the ops' terms (softcap: 0 = none, else finite and > 0; alibi_slopes:
-    None or float32 [H] on q's device; one of the two at a time), and on CUDA tensors the refusal
-    of either (no GPU path serves one yet): UnsupportedError naming the argument. The C library
-    checks the same (jf_score_mod); this says it in the caller's words, also for the fake kernels
-    and jagflash.backend(), so a traced call fails where an eager one would."""
+    None or float32 [H] on q's device; one of the two at a time). The C library checks the same
+    (jf_score_mod); this says it in the caller's words, also for the fake kernels and
+    jagflash.backend(), so a traced call fails where an eager one would."""
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise _errors.invalid_argument("softcap", "a real number (0 = no softcap)", repr(softcap))
     if softcap != 0 and not (softcap > 0 and softcap < float("inf")):  # NaN fails too
@@ -103,15 +102,6 @@ def check_score_mod(q, softcap, alibi_slopes):
         if softcap != 0:
             raise _errors.invalid_argument("softcap", "0 with alibi_slopes (one score modifier at a time)",
                                            repr(softcap))
-    if q.device.type == "cuda":
-        if softcap != 0:
-            raise _errors.UnsupportedError(
-                f"softcap: served on CPU tensors only so far (CUDA tensors take no softcap), got {softcap!r}",
-                _capi.ERR_UNSUPPORTED)
-        if alibi_slopes is not None:
-            raise _errors.UnsupportedError(
-                "alibi_slopes: served on CPU tensors only so far (CUDA tensors take None), got a tensor",
-                _capi.ERR_UNSUPPORTED)
 
 
 # The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
@@ -268,7 +258,7 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
             softcap=0.0, alibi_slopes=None):
     """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
     bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint). softcap (0 = none),
-    alibi_slopes (None or float32 [H]): the score modifier, CPU tensors only so far."""
+    alibi_slopes (None or float32 [H]): the score modifier."""
     fwd_op = _fwd_op or _ops()[0]
     device = q.device
     if softcap or alibi_slopes is not None:

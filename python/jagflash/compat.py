@@ -17,8 +17,7 @@ reads the lse this way (ring-attention wrappers do) runs unchanged.
 
 Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
 block_table, alibi_slopes of FA2's per-sequence shape (batch_size, nheads)); none is ignored.
-softcap != 0 and alibi_slopes (nheads,) are served on CPU tensors (UnsupportedError on CUDA tensors
-so far). With
+softcap != 0 and alibi_slopes (nheads,) are served on CPU and CUDA tensors. With
 causal=True the right side of window_size is set to 0 whatever it is, as FA2 does (mha_varlen_fwd:
 `if (is_causal) window_size_right = 0`): HuggingFace transformers calls it so for sliding-window
 models, causal=True with window_size=(w - 1, w - 1). Errors name FA2's arguments (cu_seqlens_k,
@@ -109,8 +108,8 @@ def flash_attn_varlen_func(
     with causal=True the right side is 0 whatever is passed (as in FA2).
     softcap: 0.0 (FA2's default) for none, else a tanh softcap > 0 on the scaled score, as FA2's.
     alibi_slopes: None, or float32 (nheads,) as FA2's (bias -slope * |i + seqlen_k - seqlen_q - j|);
-    FA2's per-sequence (batch_size, nheads) is refused (UnsupportedError). softcap and ALiBi are
-    served on CPU tensors only so far (UnsupportedError on CUDA tensors); one at a time.
+    FA2's per-sequence (batch_size, nheads) is refused (UnsupportedError). One of softcap and ALiBi
+    at a time.
     deterministic: True gives a bitwise reproducible backward (jagflash's forward always is);
     False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
     since torch's switch asks every op for its deterministic variant.

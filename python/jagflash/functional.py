@@ -305,8 +305,8 @@ def jagged_attention(
     softcap * tanh(s / softcap), a finite number > 0.
     alibi_slopes: None, or ALiBi's float32 [H] (one slope per query head, on q's device; not
     differentiable): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
-    bias, bottom-right aligned like the masks). One modifier at a time; both are served on CPU
-    tensors only so far (on CUDA tensors UnsupportedError naming softcap / alibi_slopes).
+    bias, bottom-right aligned like the masks). One modifier at a time; on CUDA the Hopper kernels
+    serve both at head dims 64 and 128 (forward also 256), the GPU oracle the rest.
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     Errors: InvalidArgumentError (a ValueError) or UnsupportedError naming the argument in these
     terms (q.shape[-1], kv_offsets[B=2], scale); q, k, v and the offsets are checked to be dense
@@ -537,7 +537,7 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
     for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
     head dims on that device: on CUDA anything but 64, 128 or 256 with v's the same; a softcap or
-    alibi_slopes, as jagged_attention takes them, on CUDA so far)."""
+    alibi_slopes, as jagged_attention takes them, where nothing serves the call)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -4,7 +4,7 @@ kernels (shapes only, for torch.compile and meta tensors) and the autograd formu
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
 0 = 1/sqrt(D) and any other value finite and non-zero in float32, the check_offsets mode "auto",
 "host" or "device", the max_seqlen hint, deterministic), last the score modifier (softcap: 0 = none;
-alibi_slopes: None or float32 [H], not differentiable; CPU tensors only so far), and return fresh
+alibi_slopes: None or float32 [H], not differentiable), and return fresh
 contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
 break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
 CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a

@@ -1,8 +1,9 @@
 """Score modifiers, tanh softcap and ALiBi, on CPU tensors (the C++ float64 reference) through
 jagged_attention, attention (nested), pooled_attention, flash_attn_varlen_func and the custom ops
 (fake kernels, opcheck, torch.compile), against conftest's float64 reference with the modifier
-written out there; on CUDA tensors they are refused with UnsupportedError before anything launches
-(checked on fake CUDA tensors, which need no GPU)."""
+written out there; on CUDA tensors the same through the Hopper kernels (and the GPU oracle where
+they do not serve), and the fake kernels trace with a modifier."""
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
-from conftest import (MASKS, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
+from conftest import (MASKS, needs_cuda, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
                       make_batch, offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
                       assert_compiled_matches_eager)
 
@@ -272,7 +273,8 @@ def test_compiled_fullgraph_matches_eager():
     assert_compiled_matches_eager(attention, _batch(1095))
 
 
-# ---- CUDA: no GPU path serves a modifier yet; refused before launch, naming the argument.
+# ---- CUDA: fake tensors trace with a modifier (no GPU needed); real ones run the Hopper kernels
+# (head dims 64 and 128 both directions, 256 forward) and match the float64 reference.
 
 def _fake_cuda():
     q = torch.empty(12, 4, 64, dtype=torch.bfloat16, device="cuda")
@@ -282,33 +284,89 @@ def _fake_cuda():
     return q, k, v, offsets
 
 
-CUDA_REFUSED = {
-    "softcap": r"^softcap: served on CPU tensors only so far \(CUDA tensors take no softcap\), got 30.0$",
-    "alibi_slopes": r"^alibi_slopes: served on CPU tensors only so far \(CUDA tensors take None\), got a tensor$",
-}
-
-
-@pytest.mark.parametrize("name", list(CUDA_REFUSED))
-def test_cuda_refuses_the_modifiers(name):
+@pytest.mark.parametrize("name", ["softcap", "alibi_slopes"])
+def test_fake_cuda_tensors_trace_with_the_modifiers(name):
     with FakeTensorMode():
         q, k, v, off = _fake_cuda()
         slopes = torch.empty(4, device="cuda")
-        given = {"softcap": 30.0} if name == "softcap" else {"alibi_slopes": slopes}
         op_scalars = (30.0, None) if name == "softcap" else (0.0, slopes)
-        lse = torch.empty(4, 12, device="cuda")
-        entries = {
-            "jagged_attention": lambda: jagflash.jagged_attention(q, k, v, off, off, causal=True, **given),
-            "flash_attn_varlen_func": lambda: jagflash.flash_attn_varlen_func(q, k, v, off, off, 4, 4, **given),
-            "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, *op_scalars),
-            "op bwd": lambda: torch.ops.jagflash.bwd(q, q, k, v, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False,
-                                                     *op_scalars),
-            "pooled_attention": lambda: jagflash.pooled_attention(q[:3], k, v, off, **given),
-            "backend": lambda: jagflash.backend(q, k, v, off, off, **given),
-            "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True, **given),
-        }
-        for entry, call in entries.items():
-            with pytest.raises(jagflash.UnsupportedError, match=CUDA_REFUSED[name]):
-                call()
-        # Without a modifier the same call traces.
-        out, _ = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
-        assert out.shape == (12, 4, 64)
+        out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, *op_scalars)
+        assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
+        dq, dk, dv = torch.ops.jagflash.bwd(q, q, k, v, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False,
+                                            *op_scalars)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        # Slopes on the wrong device are still refused, naming the argument.
+        with pytest.raises(jagflash.InvalidArgumentError, match="^alibi_slopes"):
+            torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                   torch.empty(4, device="cpu"))
+
+
+CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
+CUDA_KV_LENGTHS = [3, 5, 257, 64, 130, 0]
+
+
+def _cuda_batch(seed, head_dim, dtype=torch.bfloat16, scale_inputs=1.0):
+    batch = _batch(seed, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, head_dim=head_dim, dtype=dtype,
+                   device="cuda")
+    if scale_inputs != 1.0:  # scores past the cap: randn inputs give scaled scores of about 1
+        batch = dataclasses.replace(batch, q=batch.q * scale_inputs, k=batch.k * scale_inputs)
+    return batch
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+def test_cuda_softcap_matches_the_reference(head_dim, dtype, mask):
+    causal, window = MASKS[mask]
+    batch = _cuda_batch(2000 + head_dim, head_dim, dtype, scale_inputs=2.0)
+    q, k, v = batch.q, batch.k, batch.v
+    assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets, softcap=5.0) == "hopper"
+    assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets, backward=True, softcap=5.0) == "hopper"
+    check_against_reference(batch, causal=causal, window=window, softcap=5.0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+def test_cuda_alibi_matches_the_reference(head_dim, kv_heads, mask):
+    causal, window = MASKS[mask]
+    batch = _batch(2010 + head_dim + kv_heads, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS,
+                   kv_heads=kv_heads, head_dim=head_dim, device="cuda")
+    slopes = _slopes(4).cuda()
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True,
+                            alibi_slopes=slopes) == "hopper"
+    check_against_reference(batch, causal=causal, window=window, alibi_slopes=slopes)
+
+
+@needs_cuda
+def test_cuda_head_dim_256():
+    """The forward on the Hopper kernel, the backward on the GPU oracle."""
+    batch = _cuda_batch(2030, 256, scale_inputs=2.0)
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, softcap=5.0) == "hopper"
+    check_against_reference(batch, causal=True, softcap=5.0)
+    check_against_reference(_cuda_batch(2031, 256), alibi_slopes=_slopes(4).cuda())
+
+
+@needs_cuda
+def test_cuda_flash_attn_varlen_func_takes_softcap_and_alibi():
+    batch = _cuda_batch(2040, 128, scale_inputs=2.0)
+    q, k, v = batch.q, batch.k, batch.v
+    cu_q, cu_k = batch.q_offsets, batch.kv_offsets
+    for kwargs, ref_kwargs in (({"softcap": 5.0}, {"softcap": 5.0}),
+                               ({"alibi_slopes": _slopes(4).cuda()}, {"alibi_slopes": _slopes(4)})):
+        out = jagflash.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(CUDA_Q_LENGTHS), max(CUDA_KV_LENGTHS),
+                                              causal=True, **kwargs)
+        ref_out = reference(batch, causal=True, **ref_kwargs)[0]
+        assert_close("out", out, ref_out, TOLERANCES[q.dtype][0], batch.seed)
+
+
+@needs_cuda
+def test_cuda_modifiers_change_the_result():
+    batch = _cuda_batch(2050, 128, scale_inputs=2.0)
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    plain = jagflash.jagged_attention(*args)
+    capped = jagflash.jagged_attention(*args, softcap=2.0)
+    biased = jagflash.jagged_attention(*args, alibi_slopes=_slopes(4).cuda())
+    assert (plain - capped).abs().max() > 1e-1 and (plain - biased).abs().max() > 1e-1

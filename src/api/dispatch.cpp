@@ -84,7 +84,7 @@ const Entry* hopper_entry_for(const jf_problem& p, const jf_launch& l, const Ent
 
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
-      p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim),
+      p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim, p.score_mod),
       "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)");
 }
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
@@ -127,7 +127,7 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
 }
 
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
-  return hopper_entry_for(p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim),
+  return hopper_entry_for(p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod),
                           "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as "
                           "instantiated in this build; head dim 256 is served by the oracle)");
 }

@@ -186,13 +186,10 @@ void check_problem(const jf_problem& p, bool ask_location) {
              "JF_MASK_NONE, JF_MASK_CAUSAL or JF_MASK_WINDOW");
   check_enum("problem.score_mod", p.score_mod, JF_SCORE_MOD_NONE, JF_SCORE_MOD_ALIBI,
              "JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP or JF_SCORE_MOD_ALIBI");
-  // Head dims and score modifiers first: what no path serves on the device asked for is said as
-  // such, also in a process that sees no GPU (where the device check below would refuse it anyway).
+  // Head dims first: what no path serves on the device asked for is said as such, also in a
+  // process that sees no GPU (where the device check below would refuse it anyway).
   check_head_dims(p);
-  if (p.device == JF_DEVICE_CUDA) {
-    check_cuda_head_dims(p);
-    check_cuda_score_mod(p);
-  }
+  if (p.device == JF_DEVICE_CUDA) check_cuda_head_dims(p);
   if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
     fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
@@ -495,19 +492,6 @@ void check_cuda_head_dims(const jf_problem& p) {
       << " here, is served on CPU tensors only so far)";
     fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
   }
-}
-
-void check_cuda_score_mod(const jf_problem& p) {
-  int kind = 0;  // range-checked already, read as an int like check_enum does
-  std::memcpy(&kind, &p.score_mod, sizeof kind);
-  if (kind == JF_SCORE_MOD_SOFTCAP)
-    fail_argument("problem.score_mod",
-                  "JF_SCORE_MOD_NONE on CUDA (softcap: served on CPU tensors only so far)",
-                  "JF_SCORE_MOD_SOFTCAP", JF_ERR_UNSUPPORTED);
-  if (kind == JF_SCORE_MOD_ALIBI)
-    fail_argument("problem.score_mod",
-                  "JF_SCORE_MOD_NONE on CUDA (alibi_slopes: served on CPU tensors only so far)",
-                  "JF_SCORE_MOD_ALIBI", JF_ERR_UNSUPPORTED);
 }
 
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {

@@ -33,11 +33,6 @@ void validate_problem_and_launch(const jf_problem& problem, const jf_launch& lau
 // rules), before any kernel is chosen, so no GPU path ever sees another head dim.
 void check_cuda_head_dims(const jf_problem& problem);
 
-// The score modifiers some GPU path serves today: none. Softcap and ALiBi, valid on CPU tensors,
-// are JF_ERR_UNSUPPORTED naming problem.score_mod, run next to check_cuda_head_dims for the same
-// calls, so no GPU path ever sees a modifier it would ignore.
-void check_cuda_score_mod(const jf_problem& problem);
-
 // Whether the CUDA driver knows `p` as device (or managed) memory; false without a driver. One
 // driver query, unless a PointerLocationScope is open on this thread and `p` lies in an allocation
 // already asked about in it.

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) backward kernels as the dispatcher sees them: one entry per instantiated
-// (dtype, head dim), and the pieces of the workspace they use.
+// (dtype, head dim, score modifier), and the pieces of the workspace they use.
 #pragma once
 
 #include "schedule/plan_device.hpp"
@@ -35,11 +35,12 @@ using HopperBackwardFn = cudaError_t (*)(const jf_bwd_args&, const HopperBackwar
 struct HopperBackwardEntry {
   jf_dtype dtype;
   int head_dim;
+  jf_score_mod score_mod;
   HopperBackwardFn run;
 };
 
-// nullptr when this build did not instantiate (dtype, head_dim).
-const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim);
+// nullptr when this build did not instantiate (dtype, head_dim, score_mod).
+const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
 
 // The backward's tile shape (the plan is built over KV blocks of kBackwardBlockN keys; each
 // visits Q blocks of kBackwardBlockM rows).

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) forward kernels as the dispatcher sees them: one entry per instantiated
-// (dtype, head dim), and the workspace they need.
+// (dtype, head dim, score modifier), and the workspace they need.
 #pragma once
 
 #include "schedule/plan_device.hpp"
@@ -29,11 +29,12 @@ using HopperForwardFn = cudaError_t (*)(const jf_fwd_args&, const HopperForwardL
 struct HopperForwardEntry {
   jf_dtype dtype;
   int head_dim;
+  jf_score_mod score_mod;
   HopperForwardFn run;
 };
 
-// nullptr when this build did not instantiate (dtype, head_dim).
-const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim);
+// nullptr when this build did not instantiate (dtype, head_dim, score_mod).
+const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
 
 // True when the current device can run sm_90a code (compute capability 9.0).
 bool hopper_device_present();

@@ -1,5 +1,5 @@
-// Names of the per-(dtype, head dim) Hopper forward and backward entry points, shared by the generated
-// instantiation files and the generated registry.
+// Names of the per-(dtype, head dim, score modifier) Hopper forward and backward entry points, shared by the
+// generated instantiation files and the generated registry.
 #pragma once
 
 #include "kernels/hopper_backward.hpp"
@@ -7,30 +7,34 @@
 
 #include <cutlass/numeric_types.h>
 
-#define JF_HOPPER_FORWARD_DECLARE(dt, hd)                                                                 \
-  namespace jagflash::kernels {                                                                           \
-  cudaError_t hopper_forward_##dt##_hd##hd(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t); \
+// One entry point per (dtype, head dim, score modifier): mod is none, softcap or alibi, kind
+// the matching jf_score_mod.
+#define JF_HOPPER_FORWARD_DECLARE(dt, hd, mod)                                                     \
+  namespace jagflash::kernels {                                                                    \
+  cudaError_t hopper_forward_##dt##_hd##hd##_##mod(const jf_fwd_args&, const HopperForwardLaunch&, \
+                                                   cudaStream_t);                                  \
   }
 
-#define JF_HOPPER_FORWARD_DEFINE(dt, hd)                                                       \
-  namespace jagflash::kernels {                                                                \
-  cudaError_t hopper_forward_##dt##_hd##hd(const jf_fwd_args& a, const HopperForwardLaunch& l, \
-                                           cudaStream_t s) {                                   \
-    return fwd::run_forward<hopper_##dt##_t, hd>(a, l, s);                                     \
-  }                                                                                            \
+#define JF_HOPPER_FORWARD_DEFINE(dt, hd, mod, kind)                                                    \
+  namespace jagflash::kernels {                                                                        \
+  cudaError_t hopper_forward_##dt##_hd##hd##_##mod(const jf_fwd_args& a, const HopperForwardLaunch& l, \
+                                                   cudaStream_t s) {                                   \
+    return fwd::run_forward_for<hopper_##dt##_t, hd, kind>(a, l, s);                                   \
+  }                                                                                                    \
   }
 
-#define JF_HOPPER_BACKWARD_DECLARE(dt, hd)                                                                  \
-  namespace jagflash::kernels {                                                                             \
-  cudaError_t hopper_backward_##dt##_hd##hd(const jf_bwd_args&, const HopperBackwardLaunch&, cudaStream_t); \
+#define JF_HOPPER_BACKWARD_DECLARE(dt, hd, mod)                                                      \
+  namespace jagflash::kernels {                                                                      \
+  cudaError_t hopper_backward_##dt##_hd##hd##_##mod(const jf_bwd_args&, const HopperBackwardLaunch&, \
+                                                    cudaStream_t);                                   \
   }
 
-#define JF_HOPPER_BACKWARD_DEFINE(dt, hd)                                                        \
-  namespace jagflash::kernels {                                                                  \
-  cudaError_t hopper_backward_##dt##_hd##hd(const jf_bwd_args& a, const HopperBackwardLaunch& l, \
-                                            cudaStream_t s) {                                    \
-    return bwd::run_backward<hopper_##dt##_t, hd>(a, l, s);                                      \
-  }                                                                                              \
+#define JF_HOPPER_BACKWARD_DEFINE(dt, hd, mod, kind)                                                     \
+  namespace jagflash::kernels {                                                                          \
+  cudaError_t hopper_backward_##dt##_hd##hd##_##mod(const jf_bwd_args& a, const HopperBackwardLaunch& l, \
+                                                    cudaStream_t s) {                                    \
+    return bwd::run_backward<hopper_##dt##_t, hd, kind>(a, l, s);                                        \
+  }                                                                                                      \
   }
 
 namespace jagflash::kernels {

@@ -93,6 +93,9 @@ jf_problem GpuBatch::problem() const {
   p.window_left = spec.window_left;
   p.window_right = spec.window_right;
   p.scale = 0.f;
+  p.score_mod = spec.score_mod;
+  p.softcap = spec.softcap;
+  p.alibi_slopes = spec.alibi_slopes.empty() ? nullptr : d_alibi_slopes.as<float>();
   return p;
 }
 
@@ -140,6 +143,7 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   g.kv_offsets = test::offsets_from_lengths(s.len_kv);
   g.d_q_offsets = DeviceBuffer::from_host(g.q_offsets);
   g.d_kv_offsets = DeviceBuffer::from_host(g.kv_offsets);
+  if (!s.alibi_slopes.empty()) g.d_alibi_slopes = DeviceBuffer::from_host(s.alibi_slopes);
   const int64_t tq = g.total_q(), tk = g.total_kv();
   g.q = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
   g.out = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
@@ -206,6 +210,9 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
 
   jf_fwd_args fa{};
   fa.problem = test::make_problem(host, s.mask, s.window_left, s.window_right);
+  fa.problem.score_mod = s.score_mod;
+  fa.problem.softcap = s.softcap;
+  fa.problem.alibi_slopes = s.alibi_slopes.empty() ? nullptr : s.alibi_slopes.data();
   test::HostTensor ref_out = test::make_tensor(s.dtype, sample_q, s.heads, s.head_dim, s.row_pad);
   std::vector<float> ref_lse(static_cast<size_t>(s.heads * sample_q));
   fa.out = ref_out.view();

@@ -26,6 +26,11 @@ struct BatchSpec {
   uint64_t seed = 1;
   float input_range = 1.f;  // inputs drawn from U(-input_range, input_range)
   int row_pad = 0;          // extra elements after each row, to exercise row strides
+  // The score modifier (jf_problem's fields): softcap > 0 with JF_SCORE_MOD_SOFTCAP, one slope a
+  // query head with JF_SCORE_MOD_ALIBI (copied to the device by make_gpu_batch).
+  jf_score_mod score_mod = JF_SCORE_MOD_NONE;
+  float softcap = 0.f;
+  std::vector<float> alibi_slopes;
 };
 
 struct GpuBatch {
@@ -33,6 +38,7 @@ struct GpuBatch {
   std::vector<int32_t> q_offsets, kv_offsets;  // host copies
   DeviceBuffer d_q_offsets, d_kv_offsets;
   DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv, workspace;
+  DeviceBuffer d_alibi_slopes;  // spec.alibi_slopes on the device (empty without ALiBi)
   jf_tensor q_view{}, k_view{}, v_view{}, out_view{}, dout_view{}, dq_view{}, dk_view{}, dv_view{};
 
   int64_t total_q() const { return q_offsets.back(); }

@@ -31,8 +31,12 @@ void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("oracle::clear
 }  // namespace jagflash::oracle
 
 namespace jagflash::kernels {
-const HopperForwardEntry* find_hopper_forward(jf_dtype, int) { gpu_path_reached("find_hopper_forward"); }
-const HopperBackwardEntry* find_hopper_backward(jf_dtype, int) { gpu_path_reached("find_hopper_backward"); }
+const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod) {
+  gpu_path_reached("find_hopper_forward");
+}
+const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod) {
+  gpu_path_reached("find_hopper_backward");
+}
 bool hopper_device_present() { gpu_path_reached("hopper_device_present"); }
 }  // namespace jagflash::kernels
 

@@ -84,9 +84,11 @@ inline cudaError_t dq_tensor_map(CUtensorMap* map, float* base, uint64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <class Element, int kHeadDim>
+// kMod: the score modifier (one instantiation per (dtype, head dim, modifier), each in its own
+// translation unit).
+template <class Element, int kHeadDim, jf_score_mod kMod = JF_SCORE_MOD_NONE>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
-  using Config = TileConfig<Element, kHeadDim>;
+  using Config = TileConfig<Element, kHeadDim, kMod>;
   using Traits = KernelTraits<Config>;
   // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
   // dispatcher sizes the plan for this tile shape.
@@ -206,6 +208,11 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.mask = mask;
     p.scale = scale;
     p.scale_log2 = scale * 1.4426950408889634f;
+    if constexpr (kMod != JF_SCORE_MOD_NONE) {
+      const common::ScoreModLaunch mod = common::score_mod_launch(pb, scale);
+      p.score_mod = mod.args;
+      p.scale_log2 = mod.exp_factor;
+    }
     p.error_flag = launch.error_flag;
     p.plan_key = launch.plan_key;
     p.expected_plan_key = key;

@@ -9,6 +9,7 @@
 #include "kernels/bwd/tile_config_bwd.hpp"
 #include "kernels/common/barriers.cuh"
 #include "kernels/common/schedule.hpp"
+#include "kernels/common/score_mod.cuh"
 #include "schedule/plan.hpp"
 
 #include <cuda.h>
@@ -36,6 +37,7 @@ struct KernelTraits {
   static constexpr int kStages = Config::kStages;
   static constexpr int kDqStages = Config::kDqStages;
   static constexpr int kDsBuffers = Config::kDsBuffers;
+  using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
@@ -229,6 +231,10 @@ struct Params {
   // heads innermost inside a group.
   int32_t l2_group_rows;
   int32_t rotated_q_order;  // 1: each tile starts at TileInfo::m_first (not the deterministic mode)
+  // Last, so the fields before keep their places in the default kernels' parameter space; read
+  // only by a kernel with a modifier (Traits::ScoreMod). With softcap, scale_log2 above is
+  // cap x log2 e (common::score_mod_launch); scale stays the softmax scale dK and dQ take.
+  common::ScoreModArgs score_mod;
 };
 
 }  // namespace jagflash::kernels::bwd

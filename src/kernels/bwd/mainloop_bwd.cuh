@@ -231,6 +231,14 @@ struct Consumer {
     const AccumulatorCoords coords(thread);
     constexpr int kRows = decltype(size<0>(s_rc))::value;  // 2
     constexpr int kCols = decltype(size<1>(s_rc))::value;  // 16: query rows of the Q block
+    // The score modifier (none in the default kernels: nothing of it is compiled). Softcap's dS
+    // takes dscore = 1 - t^2 of each score's tanh t: at D = 64 kept from the tanh to dS as half
+    // pairs (16 registers, 11 bits of a value in [0, 1], next to the 8 of the bf16 dS it scales);
+    // at D = 128, where dK and dV hold 128 registers a thread and those 16 spilled (check_sass),
+    // recovered from P and the lse (KernelScoreMod::dscore_of_p, one MUFU.LG2 a score more).
+    using Mod = typename Traits::ScoreMod;
+    constexpr bool kKeepDscore = Mod::kSoftcap && Traits::kHeadDim == 64;
+    [[maybe_unused]] __half2 dscore[kRows][kCols / 2];
     const int lane = thread % 32;
     // Q blocks consumed so far: the Q/dO ring's position and, as every block hands one dQ stage
     // to the writer, the dQ ring's too (one counter: two kept a register more across the loop).
@@ -321,6 +329,24 @@ struct Consumer {
 
             warpgroup_wait<1>();  // S^T is ready; dP^T may still run
             warpgroup_fence_operand(tSrS);
+            if constexpr (!Mod::kNone) {
+              // S^T: keys j along the rows, queries i along the columns; d = j - i - (Lk - Lq).
+              float row_base[kRows];
+#pragma unroll
+              for (int r = 0; r < kRows; ++r)
+                row_base[r] =
+                    static_cast<float>(key0 + coords.row(r) - row0 - coords.col_base - (t.len_kv - t.len_q));
+              // The slope read per block (an L1 hit), not kept across the loop: a register less.
+              Mod::template apply<-1>(s_rc, p.score_mod, Mod::raw_slope(p.score_mod, h), row_base);
+              if constexpr (kKeepDscore) {  // before the mask: t is finite, a masked score is not
+#pragma unroll
+                for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                  for (int c = 0; c < kCols; c += 2)
+                    dscore[r][c / 2] = __floats2half2_rn(fmaf(-s_rc(r, c), s_rc(r, c), 1.f),
+                                                         fmaf(-s_rc(r, c + 1), s_rc(r, c + 1), 1.f));
+              }
+            }
             // A block with hidden pairs (a mask edge, a sequence's end) first sets their scores to
             // -inf in place; every block then takes the same exp2 loop (exp2(-inf) = 0). A thread
             // holds two keys (rows) of S^T: per key, the queries that see it (the mask policy's
@@ -354,11 +380,32 @@ struct Consumer {
               __syncwarp();  // the tile's last dP GEMM has read V: the next tile's may load
               if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
             }
+            if constexpr (Mod::kSoftcap && !kKeepDscore) {
 #pragma unroll
-            for (int r = 0; r < kRows; ++r)
+              for (int r = 0; r < kRows; ++r)
 #pragma unroll
-              for (int c = 0; c < kCols; ++c)
-                dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
+                for (int c = 0; c < kCols; ++c) {
+                  const int off = AccumulatorCoords::col_offset(c);
+                  dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[off]) *
+                                Mod::dscore_of_p(s_rc(r, c), lse_c[off], p.score_mod);
+                }
+            } else if constexpr (kKeepDscore) {
+#pragma unroll
+              for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < kCols; c += 2) {
+                  const float2 d = __half22float2(dscore[r][c / 2]);
+                  dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]) * d.x;
+                  dp_rc(r, c + 1) = s_rc(r, c + 1) *
+                                    (dp_rc(r, c + 1) - delta_c[AccumulatorCoords::col_offset(c + 1)]) * d.y;
+                }
+            } else {
+#pragma unroll
+              for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < kCols; ++c)
+                  dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
+            }
 #pragma unroll
             for (int e = 0; e < size(tSrS); ++e) {
               tPrP(e) = static_cast<Element>(tSrS(e));

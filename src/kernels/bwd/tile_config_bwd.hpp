@@ -1,6 +1,8 @@
 // Tile shapes of the Hopper backward kernel, chosen in one place.
 #pragma once
 
+#include <jagflash/jagflash.h>
+
 #include <cutlass/numeric_types.h>
 
 namespace jagflash::kernels::bwd {
@@ -15,10 +17,13 @@ namespace jagflash::kernels::bwd {
 // Q with its lse and dO with its delta come through a kStages ring; dS is double-buffered (a
 // warpgroup may write the next block's dS while the other still reads this one in its dQ GEMM);
 // dQ's fp32 partials go through kDqStages shared-memory stages to the dQ writer's bulk reduce-add.
-template <class Element_, int kHeadDim_>
+// kScoreMod: the score modifier the kernel applies (kernels/common/score_mod.cuh); none compiles
+// to the kernel without one.
+template <class Element_, int kHeadDim_, jf_score_mod kScoreMod_ = JF_SCORE_MOD_NONE>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr jf_score_mod kScoreMod = kScoreMod_;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kConsumerWarpgroups = 2;

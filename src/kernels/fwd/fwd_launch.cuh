@@ -56,6 +56,12 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.mask = mask;
   p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
+  if constexpr (Config::kScoreMod != JF_SCORE_MOD_NONE) {
+    const common::ScoreModLaunch mod = common::score_mod_launch(pb, p.scale);
+    p.score_mod = mod.args;
+    p.scale = mod.lse_factor;
+    p.scale_log2 = mod.exp_factor;
+  }
   p.error_flag = launch.error_flag;
   p.plan_key = launch.plan_key;
   p.expected_plan_key = key;
@@ -115,6 +121,31 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
                  : run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
     }
   }
+}
+
+// A call with a score modifier: two consumer warpgroups and 128-key blocks (32 at D = 256), the
+// default tile, whatever the knobs but the schedule (choose_forward_variant); one instantiation
+// per (dtype, head dim, modifier), each in its own translation unit.
+template <class Element, int kHeadDim, jf_score_mod kMod>
+cudaError_t run_forward_modified(const jf_fwd_args& a, const HopperForwardLaunch& launch,
+                                 cudaStream_t stream) {
+  static_assert(kMod != JF_SCORE_MOD_NONE, "run_forward serves calls without a modifier");
+  const ForwardVariant v = choose_forward_variant(a);
+  if constexpr (kHeadDim == 256)
+    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, ScoreModifier<kMod>>>(a, launch,
+                                                                                          v.schedule, stream);
+  else
+    return run_forward_variant<TileConfig<Element, kHeadDim, ScoreModifier<kMod>>>(a, launch, v.schedule,
+                                                                                   stream);
+}
+
+// The entry point's body for one (dtype, head dim, modifier).
+template <class Element, int kHeadDim, jf_score_mod kMod>
+cudaError_t run_forward_for(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
+  if constexpr (kMod == JF_SCORE_MOD_NONE)
+    return run_forward<Element, kHeadDim>(a, launch, stream);
+  else
+    return run_forward_modified<Element, kHeadDim, kMod>(a, launch, stream);
 }
 
 }  // namespace jagflash::kernels::fwd

@@ -4,6 +4,7 @@
 
 #include "core/mask.hpp"
 #include "kernels/common/barriers.cuh"
+#include "kernels/common/score_mod.cuh"
 #include "kernels/fwd/tile_config.hpp"
 #include "kernels/fwd/variants.hpp"
 #include "schedule/plan.hpp"
@@ -37,6 +38,7 @@ struct KernelTraits {
   static constexpr int kQBuffers = Config::kQBuffers;
   static constexpr int kConsumerWarpgroups = Config::kConsumerWarpgroups;
   static constexpr bool kQInRegisters = Config::kQInRegisters;
+  using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -170,6 +172,10 @@ struct Params {
   const int32_t* num_pairs;
   int32_t* tile_counter;
   Schedule schedule;
+  // Last, so the fields before keep their places in the default kernels' parameter space; read
+  // only by a kernel with a modifier (Traits::ScoreMod). With softcap, scale and scale_log2 above
+  // are the lse's and the exponent's factors (common::score_mod_launch), cap in place of scale.
+  common::ScoreModArgs score_mod;
 };
 
 }  // namespace jagflash::kernels::fwd

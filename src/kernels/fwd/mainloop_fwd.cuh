@@ -235,6 +235,23 @@ struct Consumer {
       }
 
       float correction[kRows];
+      // The score modifier (none in the default kernels: nothing), applied to a block's raw scores
+      // before the mask: forward, the fragment's rows are queries i and its columns keys j, the
+      // diagonal offset d = j - i - (Lk - Lq).
+      using Mod = typename Traits::ScoreMod;
+      const float alibi_slope = Mod::raw_slope(p.score_mod, t.head);
+      auto modify_scores = [&](int32_t n) {
+        if constexpr (!Mod::kNone) {
+          float row_base[kRows];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+            row_base[r] =
+                static_cast<float>(n * Traits::kBlockN + coords.col_base -
+                                   (t.m_block * Traits::kBlockM + coords.row(r)) - (t.len_kv - t.len_q));
+          Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
+        }
+        (void)n;
+      };
       // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
       // bulk the mask policy proves mask-free) pay for it.
       auto mask_block = [&](int32_t n) {
@@ -296,6 +313,7 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
+        modify_scores(n_hi);
         if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
         softmax.update(s_rc, p.scale_log2, correction);  // correction = 0: O is still zero
         convert_p();
@@ -324,6 +342,7 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
+        modify_scores(n);
         if (n > bulk_hi || n < bulk_lo) mask_block(n);
         softmax.update(s_rc, p.scale_log2, correction);
         trace.stamp(trace_thread, kTraceSoftmax);

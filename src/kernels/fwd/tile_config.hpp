@@ -1,6 +1,8 @@
 // Tile shapes of the Hopper forward kernel, chosen in one place.
 #pragma once
 
+#include <jagflash/jagflash.h>
+
 #include <cutlass/numeric_types.h>
 #include <cute/tensor.hpp>
 
@@ -35,6 +37,8 @@ namespace jagflash::kernels::fwd {
 // keeping its default (no positional list of flags):
 //   TileConfig<Element, 64, Warpgroups<3>>
 //   TileConfig<Element, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>
+// ScoreModifier<kind>: the score modifier the kernel applies (kernels/common/score_mod.cuh);
+//   none by default, which compiles to the kernel without one.
 struct PingPong {};
 struct QInRegisters {};
 template <int kKeys>
@@ -43,6 +47,8 @@ template <int kCount>
 struct Warpgroups {};
 template <int kCount>
 struct Pairs {};
+template <jf_score_mod kKind>
+struct ScoreModifier {};
 
 namespace detail {
 // Folds the option tags over the defaults: each level overrides (hides) one member of the rest.
@@ -55,6 +61,7 @@ struct TileOptions<> {
   static constexpr int kBlockN = 128;
   static constexpr int kWarpgroups = 2;
   static constexpr int kPairs = 1;
+  static constexpr jf_score_mod kScoreMod = JF_SCORE_MOD_NONE;
 };
 template <class... Rest>
 struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
@@ -76,6 +83,10 @@ template <int kCount, class... Rest>
 struct TileOptions<Pairs<kCount>, Rest...> : TileOptions<Rest...> {
   static constexpr int kPairs = kCount;
 };
+template <jf_score_mod kKind, class... Rest>
+struct TileOptions<ScoreModifier<kKind>, Rest...> : TileOptions<Rest...> {
+  static constexpr jf_score_mod kScoreMod = kKind;
+};
 }  // namespace detail
 
 template <class Element_, int kHeadDim_, class... Options>
@@ -87,6 +98,7 @@ struct TileConfig {
   static constexpr int kConsumerWarpgroups = Chosen::kWarpgroups;  // per tile (and pair)
   static constexpr int kPairs = Chosen::kPairs;
   static constexpr bool kQInRegisters = Chosen::kQInRegisters;
+  static constexpr jf_score_mod kScoreMod = Chosen::kScoreMod;
   static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;

@@ -1,0 +1,122 @@
+// The score modifier (core/score_mod.hpp) as the Hopper kernels apply it: to a consumer thread's
+// accumulator fragment of raw scores q . k (the softmax scale not yet applied), in place, before
+// the mask. The policy's math, laid out for the registers:
+//  - softcap: score = cap * tanh(scale * s / cap). The fragment keeps t = tanh(s * scale / cap)
+//    and the launcher folds cap into the exponent's factor (scale_log2 = cap * log2 e) and, in the
+//    forward, into the lse's (lse = cap * row_max + log(sum)). The backward's dS takes
+//    dscore = 1 - t^2 (ScoreMod::dscore).
+//  - ALiBi: score = scale * s - slope_h * |j - i - (Lk - Lq)|; in raw-score units the bias is
+//    -(slope_h / scale) * |d|, added where the fragment's (row, column) are (i, j) forward and
+//    (j, i) backward (S^T).
+// KernelScoreMod<JF_SCORE_MOD_NONE> does nothing and holds nothing the kernels read: the default
+// kernels compile to the code they had without a modifier.
+#pragma once
+
+#include "kernels/common/accumulator.cuh"
+
+#include <jagflash/jagflash.h>
+
+#include <cute/tensor.hpp>
+
+namespace jagflash::kernels::common {
+
+using namespace cute;
+
+// tanh by the special-function unit (MUFU.TANH, about 2^-11 relative error: far below the bf16
+// rounding of P and dS that follows it).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The launch's modifier values, plain and the same for every kind (the Params stay one struct).
+struct ScoreModArgs {
+  float softcap_prescale = 0.f;         // softcap: scale / cap, tanh's argument per raw score
+  float softcap_from_log2 = 0.f;        // softcap: 1 / (cap x log2 e), t of a score from its exponent
+  float alibi_factor = 0.f;             // ALiBi: 1 / scale, a slope in raw-score units
+  const float* alibi_slopes = nullptr;  // ALiBi: [query heads]
+};
+
+template <jf_score_mod kKind>
+struct KernelScoreMod {
+  static constexpr bool kNone = kKind == JF_SCORE_MOD_NONE;
+  static constexpr bool kSoftcap = kKind == JF_SCORE_MOD_SOFTCAP;
+  static constexpr bool kAlibi = kKind == JF_SCORE_MOD_ALIBI;
+
+  // The slope of query head h in raw-score units (ALiBi; 0 otherwise): read once per head.
+  __device__ static float raw_slope(const ScoreModArgs& a, int32_t head) {
+    if constexpr (kAlibi)
+      return __ldg(a.alibi_slopes + head) * a.alibi_factor;
+    else
+      return 0.f;
+  }
+
+  // Softcap's dscore = 1 - t^2 of a score whose probability p = exp2(cap log2e t - lse_log2) is
+  // known, t recovered from p's exponent (one MUFU.LG2): for a kernel with no registers to keep t
+  // from the tanh to dS. t is clamped to [-1, 1]: p = 0 (hidden, or below 2^-126) gives dscore 0,
+  // where dS is 0 anyway.
+  __device__ static float dscore_of_p(float p, float lse_log2, const ScoreModArgs& a) {
+    const float t = fminf(fmaxf((log2_approx(p) + lse_log2) * a.softcap_from_log2, -1.f), 1.f);
+    return fmaf(-t, t, 1.f);
+  }
+
+  // s_rc: (rows, cols) view of raw scores. Diagonal offset of element (r, c):
+  //   d(r, c) = row_base[r] + col_sign * AccumulatorCoords::col_offset(c),
+  // where the caller puts the sequence coordinates of its fragment into row_base and col_sign
+  // (forward: d = j - i - shift with j along the columns, col_sign = +1; backward's S^T: keys
+  // along the rows, queries along the columns, col_sign = -1).
+  template <int kColSign, class TensorS, int kRows>
+  __device__ static void apply(TensorS& s_rc, const ScoreModArgs& a, float slope,
+                               const float (&row_base)[kRows]) {
+    if constexpr (kSoftcap) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = tanh_approx(s_rc(r, c) * a.softcap_prescale);
+    } else if constexpr (kAlibi) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < size<1>(s_rc); ++c)
+          s_rc(r, c) = fmaf(-slope, fabsf(row_base[r] + float(kColSign * AccumulatorCoords::col_offset(c))),
+                            s_rc(r, c));
+    }
+    (void)s_rc;
+    (void)a;
+    (void)slope;
+    (void)row_base;
+  }
+};
+
+// The host's side: the modifier's values for a launch with softmax scale `scale`, and the factors
+// the exponent and (forward) the lse take instead of the scale's.
+struct ScoreModLaunch {
+  ScoreModArgs args;
+  float exp_factor;  // multiplies the fragment's values in exp2: log2 e x (scale, or cap with softcap)
+  float lse_factor;  // multiplies the row maximum in the lse: scale, or cap with softcap
+};
+inline ScoreModLaunch score_mod_launch(const jf_problem& pb, float scale) {
+  ScoreModLaunch l{};
+  constexpr float kLog2e = 1.4426950408889634f;
+  l.exp_factor = scale * kLog2e;
+  l.lse_factor = scale;
+  if (pb.score_mod == JF_SCORE_MOD_SOFTCAP) {
+    l.args.softcap_prescale = scale / pb.softcap;
+    l.args.softcap_from_log2 = 1.f / (pb.softcap * kLog2e);
+    l.exp_factor = pb.softcap * kLog2e;
+    l.lse_factor = pb.softcap;
+  } else if (pb.score_mod == JF_SCORE_MOD_ALIBI) {
+    l.args.alibi_factor = 1.f / scale;
+    l.args.alibi_slopes = pb.alibi_slopes;
+  }
+  return l;
+}
+
+}  // namespace jagflash::kernels::common
