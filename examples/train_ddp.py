@@ -12,10 +12,16 @@ so the loss falls within a few steps.
     python examples/train_ddp.py --attention varlen_attn               # the same with PyTorch's FA2 kernel
     torchrun --nproc_per_node=2 examples/train_ddp.py --device cpu     # gloo + the C++ reference
 
+examples/test_train_ddp.py takes the same options and checks that the gradients after one step
+equal a single process's over the same data (same seed), for DDP and FSDP2.
+
 On CUDA the parameters are fp32 and the forward runs under bf16 autocast, so attention gets bf16
-q/k/v (the fast Hopper forward); on CPU everything is fp32 and attention runs the float64 C++
-reference, so the CPU defaults are tiny. With jagflash from a source checkout:
-PYTHONPATH=python JAGFLASH_LIBRARY=build/libjagflash.so.
+q/k/v (the Hopper kernels); on CPU everything is fp32 and attention runs the float64 C++
+reference, so the CPU defaults are tiny. PyTorch has no CPU kernel for varlen_attn's op
+(aten::_flash_attention_forward / _backward), so on CPU `--attention varlen_attn` runs that op on
+jagflash's CPU kernels (jagflash.registry.register_kernels("CPU")): the peer's call and its DDP /
+FSDP2 wrapping are exercised by the CPU tests, its CPU tokens/s are the C++ reference's. With
+jagflash from a source checkout: PYTHONPATH=python JAGFLASH_LIBRARY=build/libjagflash.so.
 
 NVLink multicast (NVLS) stays off, as our multi-GPU machines require: NCCL, torch's symmetric
 memory and NVSHMEM each have their own switch. The three are set below before torch is imported,
@@ -47,8 +53,9 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import jagflash  # noqa: E402
 
-# Defaults per device: a GPU step costs tens of ms with full gemskew lengths (the backward is
-# still the fp32 oracle, ~5 TFLOP/s); the CPU reference is float64 and single-threaded, so there
+# Defaults per device: on the GPU the default batch (24 gemskew sequences, 14,246 tokens) is small
+# enough for a per-call-overhead-bound step, --batch-sequences 256 (115,909 tokens) a kernel-bound
+# one (bench/RESULTS.md, 2026-12-01); the CPU reference is float64 and single-threaded, so there
 # the lengths are divided by 32 and the model is one narrow block.
 GPU_DEFAULTS = dict(heads=8, head_dim=128, dim=1024, layers=2, batch_sequences=24, length_divisor=1)
 CPU_DEFAULTS = dict(heads=2, head_dim=64, dim=64, layers=1, batch_sequences=4, length_divisor=32)
@@ -104,7 +111,19 @@ def setup_distributed(args):
     else:
         device = torch.device("cpu")
     dist.init_process_group(args.backend)
+    serve_varlen_attn_on_cpu(args, device)
     return device
+
+
+_cpu_kernels = None  # the Library holding jagflash's CPU kernels, kept for the process's life
+
+
+def serve_varlen_attn_on_cpu(args, device):
+    """On CPU, registers jagflash's kernels for the flash ops varlen_attn calls (PyTorch has none
+    there), so `--attention varlen_attn` runs: the C++ reference under the peer's code path."""
+    global _cpu_kernels
+    if device.type == "cpu" and getattr(args, "attention", "jagflash") == "varlen_attn" and _cpu_kernels is None:
+        _cpu_kernels = jagflash.registry.register_kernels("CPU")
 
 
 @dataclass
@@ -253,7 +272,9 @@ def run_description(args, device):
     return dict(
         world_size=dist.get_world_size(), device=name, backend=args.backend,
         precision="bf16 autocast" if device.type == "cuda" else "fp32", heads=args.heads,
-        attention=getattr(args, "attention", "jagflash"),
+        attention=getattr(args, "attention", "jagflash") + (
+            " (on jagflash's CPU kernels)" if device.type == "cpu" and getattr(args, "attention", "") == "varlen_attn"
+            else ""),
         head_dim=args.head_dim, dim=args.dim, layers=args.layers, batch_sequences=args.batch_sequences,
         length_divisor=args.length_divisor, nvls_env={k: os.environ.get(k) for k in NVLS_OFF},
     )
