@@ -1,5 +1,6 @@
 // Scheduler tests: the tiles and costs of build_tiles against a brute force over every (query,
-// key) pair, the LPT order, the snake assignment, and the makespans on the benchmark batches.
+// key) pair, the plans' orders and how the kernels decode them, the zigzag schedule's snake, and
+// the makespans of the kernels' orders on the benchmark batches.
 #include "core/mask.hpp"
 #include "gen/distributions.hpp"
 #include "schedule/plan.hpp"
@@ -268,7 +269,8 @@ TEST(Scheduler, RejectsDecreasingOffsets) {
   EXPECT_THROW(makespan_dynamic({}, 0), std::invalid_argument);
 }
 
-// (c) Non-increasing cost, a permutation of the input, ties in (batch, head, block) order.
+// (c) The tile-by-tile LPT order (no kernel runs it; the makespan table prints it beside the
+// plans): non-increasing cost, a permutation of the input, ties in (batch, head, block) order.
 TEST(Scheduler, SortLongestFirst) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
@@ -437,8 +439,55 @@ TEST(Scheduler, BackwardL2GroupSize) {
   EXPECT_EQ(backward_l2_group(24576, int64_t(1) << 40, 8, 2), 1);  // no 32-bit overflow
 }
 
-// (d) The snake: every tile once, round r forward or backward over the SMs, each SM's tiles in
-// list order.
+// The forward kernels' order of a batch's tiles: the plan's (sort_sequences_heaviest_first),
+// head by head inside a sequence without a mask, heads innermost with one (the plan lists
+// (batch, q block) pairs; kernels/fwd/scheduler_fwd.cuh decodes the heads so, and
+// TileInSequenceDecodesThePlanOrder holds that decoding to this order).
+std::vector<Tile> forward_plan_order(const std::vector<int32_t>& q_offsets,
+                                     const std::vector<int32_t>& kv_offsets, int num_heads,
+                                     const MaskPolicy& mask, TileShape shape) {
+  const int batch_size = static_cast<int>(q_offsets.size()) - 1;
+  std::vector<Tile> tiles = build_tiles(q_offsets.data(), kv_offsets.data(), batch_size, num_heads, mask,
+                                        shape, Direction::kForward);
+  sort_sequences_heaviest_first(tiles, q_offsets.data(), kv_offsets.data(), shape, mask.is_full());
+  return tiles;
+}
+
+// The backward kernels' order (one split per KV head, outside pooled attention): the plan, built
+// by the forward's plan builder with the sides swapped (kernels/bwd/bwd_launch.cuh), lists
+// (batch, KV block) pairs, sequences heaviest first and a sequence's KV blocks first to last;
+// the kernels (kernels/bwd/scheduler_bwd.cuh) then take a sequence's (KV block, KV head) tiles in
+// the L2 groups of heads that backward_l2_group sizes from `l2_group_rows` and
+// backward_tile_in_sequence orders.
+std::vector<Tile> backward_plan_order(const std::vector<int32_t>& q_offsets,
+                                      const std::vector<int32_t>& kv_offsets, int num_heads_kv,
+                                      const MaskPolicy& mask, TileShape shape, int32_t l2_group_rows) {
+  const int batch_size = static_cast<int>(q_offsets.size()) - 1;
+  // One head: the plan's pairs, each with its cost; a sequence's pairs come last block first.
+  std::vector<Tile> pairs =
+      build_tiles(q_offsets.data(), kv_offsets.data(), batch_size, 1, mask, shape, Direction::kBackward);
+  sort_sequences_heaviest_first(pairs, q_offsets.data(), kv_offsets.data(), shape, false);
+  std::vector<Tile> order;
+  for (size_t first = 0; first < pairs.size();) {
+    const int32_t b = pairs[first].batch;
+    size_t end = first;
+    while (end < pairs.size() && pairs[end].batch == b) ++end;
+    const auto blocks = static_cast<int32_t>(end - first);
+    const int32_t group = backward_l2_group(l2_group_rows, q_offsets[b + 1] - q_offsets[b], 1, num_heads_kv);
+    for (int32_t local = 0; local < blocks * num_heads_kv; ++local) {
+      const BackwardTileInSequence at = backward_tile_in_sequence(local, blocks, num_heads_kv, group);
+      const Tile& pair = pairs[first + static_cast<size_t>(blocks - 1 - at.block)];
+      order.push_back(Tile{b, at.head_split, at.block, pair.cost});
+    }
+    first = end;
+  }
+  return order;
+}
+
+// (d) The snake the kernels run under JAGFLASH_FWD_SCHEDULE / JAGFLASH_BWD_SCHEDULE = zigzag:
+// kernels/common/schedule.hpp's next_tile_index gives CTA c of N, in round r, plan tile
+// r x N + (r odd ? N - 1 - c : c). That rule is device code; zigzag_assign is its host form (the
+// makespans below use it), held here to the rule as written there: every tile once, one a round.
 TEST(Scheduler, ZigzagAssign) {
   // A literal case: 8 tiles on 3 SMs -> rounds [0 1 2], [5 4 3] reversed, [6 7].
   std::vector<Tile> eight(8, Tile{0, 0, 0, 1});
@@ -451,9 +500,8 @@ TEST(Scheduler, ZigzagAssign) {
   EXPECT_EQ(makespan(eight, small), 10 + 5 + 4);
 
   const Batch batch = random_batch(7);
-  std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(), kHeads,
-                                        MaskPolicy{}, {32, 32}, Direction::kForward);
-  sort_longest_first(tiles);
+  const std::vector<Tile> tiles =
+      forward_plan_order(batch.q_offsets, batch.kv_offsets, kHeads, MaskPolicy{}, {32, 32});
   const int n_tiles = static_cast<int>(tiles.size());
   for (const int num_sms : {1, 2, 3, 7, 132, n_tiles, n_tiles + 5}) {
     SCOPED_TRACE("num_sms " + std::to_string(num_sms) + ", tiles " + std::to_string(n_tiles));
@@ -469,10 +517,9 @@ TEST(Scheduler, ZigzagAssign) {
         ASSERT_LT(t, n_tiles);
         ++seen[static_cast<size_t>(t)];
         total += tiles[static_cast<size_t>(t)].cost;
-        const int round = t / num_sms;
-        const int pos = t % num_sms;
-        EXPECT_EQ(round, static_cast<int>(k)) << "SM " << sm << " runs one tile per round";
-        EXPECT_EQ(sm, round % 2 == 0 ? pos : num_sms - 1 - pos) << "tile " << t;
+        const int round = static_cast<int>(k);
+        EXPECT_EQ(t, round * num_sms + ((round & 1) ? num_sms - 1 - sm : sm))
+            << "SM " << sm << ", round " << round;
       }
     }
     for (int t = 0; t < n_tiles; ++t) ASSERT_EQ(seen[static_cast<size_t>(t)], 1) << "tile " << t;
@@ -498,44 +545,49 @@ TEST(Scheduler, DynamicMakespanAndLowerBound) {
   EXPECT_DOUBLE_EQ(makespan_lower_bound({}, 3), 0.0);
 }
 
-// (e) On the benchmark batches (H=16, 128x128 tiles, 132 SMs) both the snake over the LPT order
-// and dynamic LPT stay within 4/3 of the lower bound.
+// (e) On the benchmark batches (H = 16, 132 SMs, D = 128's default tiles: 128 x 128 forward,
+// 64-row Q blocks and 128-key KV blocks backward), the orders the kernels run (the plans above)
+// under the default dynamic schedule stay within 2% of the lower bound. The order is what keeps
+// them there: the same tiles in batch order (unsorted) give 1.043 on onegiant causal and 1.024 on
+// pareto causal (forward). The zigzag schedule (a benchmark knob) and the tile-by-tile LPT order
+// (sort_longest_first, which no kernel runs) are printed beside them, not bounded: a static snake
+// cannot even out a sequence's unequal tiles in the plan's order (the backward's onegiant causal,
+// whose one long sequence runs head by head in its L2 groups, gives 1.53).
 TEST(Scheduler, MakespanOnBenchmarkDistributions) {
   constexpr int kNumHeads = 16;
   constexpr int kNumSms = 132;
-  const TileShape shape{128, 128};
+  const TileShape forward_shape{128, 128};
+  const TileShape backward_shape{64, 128};
+  // The backward's default L2 group at D = 128 (kernels/bwd/bwd_launch.cuh): 24 MB over the bytes
+  // a Q row keeps in flight, Q and dO in bf16 and the fp32 dQ row.
+  constexpr int32_t kL2GroupRows = (24 << 20) / (128 * (2 + 2 + 4));
   const std::vector<NamedMask> masks = {{"none", window(-1, -1)}, {"causal", window(-1, 0)}};
   std::cout << std::left << std::setw(10) << "dist" << std::setw(9) << "dir" << std::setw(8) << "mask"
-            << std::right << std::setw(8) << "tiles" << std::setw(10) << "bound" << std::setw(10) << "zigzag"
-            << std::setw(10) << "dynamic"
+            << std::right << std::setw(8) << "tiles" << std::setw(10) << "bound" << std::setw(10) << "dynamic"
+            << std::setw(10) << "zigzag" << std::setw(10) << "lpt"
             << "\n";
   for (const std::string& name : gen::distribution_names()) {
     const std::vector<int32_t> lengths = gen::generate_lengths(name, gen::kDefaultSeed);
     const std::vector<int32_t> offsets = offsets_of(lengths);
     for (const Direction d : kDirections) {
+      const TileShape shape = d == Direction::kForward ? forward_shape : backward_shape;
       for (const NamedMask& mask : masks) {
         SCOPED_TRACE(name + ", " + describe(mask, shape, d));
-        std::vector<Tile> tiles =
-            build_tiles(offsets.data(), offsets.data(), static_cast<int>(lengths.size()), kNumHeads,
-                        mask.policy, shape, d);
-        sort_longest_first(tiles);
-        const double bound = makespan_lower_bound(tiles, kNumSms);
-        const double zigzag = static_cast<double>(makespan(tiles, zigzag_assign(tiles, kNumSms))) / bound;
-        const double dynamic = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
+        const std::vector<Tile> plan =
+            d == Direction::kForward
+                ? forward_plan_order(offsets, offsets, kNumHeads, mask.policy, shape)
+                : backward_plan_order(offsets, offsets, kNumHeads, mask.policy, shape, kL2GroupRows);
+        std::vector<Tile> lpt = plan;
+        sort_longest_first(lpt);
+        const double bound = makespan_lower_bound(plan, kNumSms);
+        const double dynamic = static_cast<double>(makespan_dynamic(plan, kNumSms)) / bound;
+        const double zigzag = static_cast<double>(makespan(plan, zigzag_assign(plan, kNumSms))) / bound;
+        const double lpt_dynamic = static_cast<double>(makespan_dynamic(lpt, kNumSms)) / bound;
         std::cout << std::left << std::setw(10) << name << std::setw(9) << direction_name(d) << std::setw(8)
-                  << mask.name << std::right << std::setw(8) << tiles.size() << std::setw(10) << std::fixed
-                  << std::setprecision(1) << bound << std::setw(10) << std::setprecision(4) << zigzag
-                  << std::setw(10) << dynamic << "\n";
-        EXPECT_LE(zigzag, 4.0 / 3.0);
-        EXPECT_LE(dynamic, 4.0 / 3.0);
-        if (d == Direction::kForward) {
-          // The forward plan's order (sequences together) under the dynamic schedule it runs.
-          sort_sequences_heaviest_first(tiles, offsets.data(), offsets.data(), shape, mask.policy.is_full());
-          const double grouped = static_cast<double>(makespan_dynamic(tiles, kNumSms)) / bound;
-          std::cout << std::left << std::setw(35) << "  forward plan order, dynamic" << std::right
-                    << std::setw(30) << std::setprecision(4) << grouped << "\n";
-          EXPECT_LE(grouped, 4.0 / 3.0);
-        }
+                  << mask.name << std::right << std::setw(8) << plan.size() << std::setw(10) << std::fixed
+                  << std::setprecision(1) << bound << std::setw(10) << std::setprecision(4) << dynamic
+                  << std::setw(10) << zigzag << std::setw(10) << lpt_dynamic << "\n";
+        EXPECT_LE(dynamic, 1.02);
       }
     }
   }

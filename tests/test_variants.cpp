@@ -1,6 +1,9 @@
-// Which Hopper forward variant a call gets by default (host-only: no GPU needed). The
-// benchmark knobs are unset in the test environment, so these are the defaults of
-// kernels/fwd/variants.hpp.
+// Which Hopper forward variant a call gets (host-only: no GPU needed). choose_forward_variant
+// reads the q head dim, the mask, the score modifier, launch.max_seqlen_hint,
+// problem.pooled_q_rows and the benchmark knobs; these tests vary those and nothing else. Its
+// answer is both the tile the launcher instantiates (kernels/fwd/fwd_launch.cuh) and the tile the
+// dispatcher sizes the call's plan for, so a wrong answer is a plan built for another tile shape.
+// Every test passes its knobs explicitly: the environment's (ForwardKnobs::get) play no part.
 #include "kernels/fwd/variants.hpp"
 
 #include <gtest/gtest.h>
@@ -11,58 +14,110 @@ namespace jagflash {
 namespace {
 
 using kernels::fwd::choose_forward_variant;
+using kernels::fwd::ForwardKnobs;
 using kernels::fwd::ForwardVariant;
+using kernels::fwd::Schedule;
 
-jf_fwd_args call(int head_dim, jf_mask mask, int32_t batch = 8, int64_t rows = 4096) {
+// A valid CUDA call; the fields the chooser does not read get fixed values (batch 8 of 512
+// rows, 16 heads, a 32-key window where the mask has one).
+jf_fwd_args call(int head_dim, jf_mask mask) {
   jf_fwd_args a{};
   a.problem.dtype = JF_BF16;
   a.problem.device = JF_DEVICE_CUDA;
-  a.problem.batch_size = batch;
-  a.problem.q = {nullptr, rows, 16, head_dim, int64_t(16) * head_dim, head_dim};
+  a.problem.batch_size = 8;
+  a.problem.q = {nullptr, 4096, 16, head_dim, int64_t(16) * head_dim, head_dim};
   a.problem.k = a.problem.q;
   a.problem.v = a.problem.q;
   a.problem.mask = mask;
-  a.problem.window_left = a.problem.window_right = -1;
+  a.problem.window_left = a.problem.window_right = mask == JF_MASK_WINDOW ? 32 : -1;
   return a;
 }
 
+// Every knob set to a value that is not the default.
+ForwardKnobs every_knob() {
+  ForwardKnobs k;
+  k.schedule = Schedule::kZigzag;
+  k.ping_pong = 1;
+  k.block_n = 64;
+  k.warpgroups = 3;
+  k.pairs = 2;
+  return k;
+}
+
+void expect_default_tile(const ForwardVariant& v, int head_dim) {
+  EXPECT_EQ(v.block_n, head_dim == 256 ? 32 : 128);
+  EXPECT_EQ(v.warpgroups, 2);
+  EXPECT_EQ(v.block_m(), 128);
+  EXPECT_EQ(v.pairs, 1);
+  EXPECT_FALSE(v.ping_pong);
+}
+
+// No knob, no hint, no pooling, no modifier: D = 64 without a mask takes three consumer
+// warpgroups (192-row tiles), every other (head dim, mask) the two-warpgroup 128 x 128 tile.
 TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
-  ASSERT_EQ(std::getenv("JAGFLASH_FWD_BLOCK_N"), nullptr) << "the defaults are tested without knobs";
-  ASSERT_EQ(std::getenv("JAGFLASH_FWD_WARPGROUPS"), nullptr) << "the defaults are tested without knobs";
-  ASSERT_EQ(std::getenv("JAGFLASH_FWD_PAIRS"), nullptr) << "the defaults are tested without knobs";
   struct Case {
     int head_dim;
     jf_mask mask;
-    int32_t batch;
-    int64_t rows;
-    int block_n, warpgroups;
+    int warpgroups;
   };
   const Case cases[] = {
-      {128, JF_MASK_NONE, 8, 4096, 128, 2},
-      {128, JF_MASK_NONE, 2048, 2048 * 136, 128, 2},  // short sequences: 64-key blocks are no faster
-      {128, JF_MASK_CAUSAL, 8, 4096, 128, 2},
-      {64, JF_MASK_NONE, 8, 4096, 128, 3},  // D = 64 unmasked: three consumer warpgroups
-      {64, JF_MASK_NONE, 2048, 2048 * 136, 128, 3},
-      {64, JF_MASK_CAUSAL, 8, 4096, 128, 2},
-      {64, JF_MASK_WINDOW, 8, 4096, 128, 2},
+      {128, JF_MASK_NONE, 2}, {128, JF_MASK_CAUSAL, 2}, {128, JF_MASK_WINDOW, 2},
+      {64, JF_MASK_NONE, 3},  {64, JF_MASK_CAUSAL, 2},  {64, JF_MASK_WINDOW, 2},
   };
   for (const Case& c : cases) {
-    jf_fwd_args a = call(c.head_dim, c.mask, c.batch, c.rows);
-    if (c.mask == JF_MASK_WINDOW) a.problem.window_left = a.problem.window_right = 32;
-    const ForwardVariant v = choose_forward_variant(a);
-    SCOPED_TRACE(testing::Message() << "D=" << c.head_dim << " mask=" << c.mask << " B=" << c.batch);
-    EXPECT_EQ(v.block_n, c.block_n);
+    SCOPED_TRACE(testing::Message() << "D=" << c.head_dim << " mask=" << c.mask);
+    const ForwardVariant v = choose_forward_variant(call(c.head_dim, c.mask), ForwardKnobs{});
+    EXPECT_EQ(v.block_n, 128);
     EXPECT_EQ(v.warpgroups, c.warpgroups);
     EXPECT_EQ(v.block_m(), 64 * c.warpgroups);
     EXPECT_EQ(v.pairs, 1);
     EXPECT_FALSE(v.ping_pong);
+    EXPECT_EQ(v.schedule, Schedule::kDynamic);
+  }
+}
+
+// Each shape knob reaches only the tiles instantiated for it (fwd_launch.cuh): 64-key blocks
+// at D = 128, the warpgroup count at D = 64, ping-pong with two consumer warpgroups; elsewhere
+// the knob leaves the default. The schedule knob passes through everywhere.
+TEST(ForwardVariants, ShapeKnobsReachOnlyTheirTiles) {
+  ForwardKnobs block_n_64;
+  block_n_64.block_n = 64;
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), block_n_64).block_n, 64);
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_CAUSAL), block_n_64).block_n, 64);
+  EXPECT_EQ(choose_forward_variant(call(64, JF_MASK_CAUSAL), block_n_64).block_n, 128);
+
+  ForwardKnobs three;
+  three.warpgroups = 3;
+  EXPECT_EQ(choose_forward_variant(call(64, JF_MASK_CAUSAL), three).warpgroups, 3);
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), three).warpgroups, 2);
+  ForwardKnobs two;
+  two.warpgroups = 2;
+  EXPECT_EQ(choose_forward_variant(call(64, JF_MASK_NONE), two).warpgroups, 2);
+
+  ForwardKnobs ping_pong;
+  ping_pong.ping_pong = 1;
+  EXPECT_TRUE(choose_forward_variant(call(128, JF_MASK_NONE), ping_pong).ping_pong);
+  EXPECT_TRUE(choose_forward_variant(call(64, JF_MASK_CAUSAL), ping_pong).ping_pong);
+  EXPECT_FALSE(choose_forward_variant(call(64, JF_MASK_NONE), ping_pong).ping_pong)
+      << "three consumer warpgroups have no ping-pong kernel";
+  ping_pong.warpgroups = 2;
+  EXPECT_TRUE(choose_forward_variant(call(64, JF_MASK_NONE), ping_pong).ping_pong);
+  ForwardKnobs no_ping_pong;
+  no_ping_pong.ping_pong = 0;
+  EXPECT_FALSE(choose_forward_variant(call(128, JF_MASK_NONE), no_ping_pong).ping_pong);
+
+  for (Schedule s : {Schedule::kDynamic, Schedule::kZigzag, Schedule::kGrid}) {
+    ForwardKnobs k;
+    k.schedule = s;
+    for (int head_dim : {64, 128, 256})
+      EXPECT_EQ(choose_forward_variant(call(head_dim, JF_MASK_CAUSAL), k).schedule, s) << "D=" << head_dim;
   }
 }
 
 // Two independent pairs: one warpgroup and 64 rows per tile whatever else is forced, 64-key
 // blocks at D = 128 (two 128-key K/V stages per pair would not fit), no ping-pong.
 TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
-  kernels::fwd::ForwardKnobs knobs;
+  ForwardKnobs knobs;
   knobs.pairs = 2;
   knobs.ping_pong = 1;
   knobs.warpgroups = 3;
@@ -84,14 +139,13 @@ TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
 // warpgroup a tile, 64-key blocks at D = 128), each x in `keeps` the one-pair default, and the
 // one-pair knob wins over a picking value; at both head dims, under each of `masks`.
 template <class Set>
-void expect_pairs_rule(std::initializer_list<jf_mask> masks, int32_t batch, int64_t rows, Set set,
-                       std::initializer_list<int32_t> picks, std::initializer_list<int32_t> keeps,
-                       const char* what) {
-  const kernels::fwd::ForwardKnobs no_knobs;
+void expect_pairs_rule(std::initializer_list<jf_mask> masks, Set set, std::initializer_list<int32_t> picks,
+                       std::initializer_list<int32_t> keeps, const char* what) {
+  const ForwardKnobs no_knobs;
   for (int head_dim : {64, 128})
     for (jf_mask mask : masks) {
       SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
-      jf_fwd_args a = call(head_dim, mask, batch, rows);
+      jf_fwd_args a = call(head_dim, mask);
       for (int32_t x : picks) {
         set(a, x);
         const ForwardVariant v = choose_forward_variant(a, no_knobs);
@@ -103,7 +157,7 @@ void expect_pairs_rule(std::initializer_list<jf_mask> masks, int32_t batch, int6
         set(a, x);
         EXPECT_EQ(choose_forward_variant(a, no_knobs).pairs, 1) << what << " " << x;
       }
-      kernels::fwd::ForwardKnobs one_pair;
+      ForwardKnobs one_pair;
       one_pair.pairs = 1;
       set(a, *picks.begin());
       EXPECT_EQ(choose_forward_variant(a, one_pair).pairs, 1) << what << " " << *picks.begin();
@@ -114,8 +168,7 @@ void expect_pairs_rule(std::initializer_list<jf_mask> masks, int32_t batch, int6
 // head dims and masks; a longer or unknown (0) one keeps the default; a knob still wins.
 TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
   expect_pairs_rule(
-      {JF_MASK_NONE, JF_MASK_CAUSAL}, 2048, 2048 * 136,
-      [](jf_fwd_args& a, int32_t hint) { a.launch.max_seqlen_hint = hint; },
+      {JF_MASK_NONE, JF_MASK_CAUSAL}, [](jf_fwd_args& a, int32_t hint) { a.launch.max_seqlen_hint = hint; },
       {100, 1, 136, kernels::fwd::kPairsMaxSeqlen}, {0, kernels::fwd::kPairsMaxSeqlen + 1, 16384}, "hint");
 }
 
@@ -124,34 +177,69 @@ TEST(ForwardVariants, ShortMaxSeqlenHintPicksPairs) {
 // still wins.
 TEST(ForwardVariants, SmallPooledQuerySetPicksPairs) {
   expect_pairs_rule(
-      {JF_MASK_NONE, JF_MASK_WINDOW}, 256, 256 * 16,
-      [](jf_fwd_args& a, int32_t rows) { a.problem.pooled_q_rows = rows; },
+      {JF_MASK_NONE, JF_MASK_WINDOW}, [](jf_fwd_args& a, int32_t rows) { a.problem.pooled_q_rows = rows; },
       {16, 1, kernels::fwd::kPooledPairsMaxRows}, {0, kernels::fwd::kPooledPairsMaxRows + 1, 200}, "Lq");
 }
 
 // D = 256 has one kernel (32-key blocks, two warpgroups, one pair: what fits the shared memory
-// and registers): neither the max_seqlen hint nor the shape knobs may select another, for which
-// no D = 256 kernel exists. The schedule knob still applies.
+// and registers): neither the max_seqlen hint, the pooled query set nor the shape knobs may
+// select another, for which no D = 256 kernel exists. The schedule knob still applies.
 TEST(ForwardVariants, HeadDim256HasOneShape) {
-  kernels::fwd::ForwardKnobs every_knob;
-  every_knob.schedule = kernels::fwd::Schedule::kZigzag;
-  every_knob.ping_pong = 1;
-  every_knob.block_n = 64;
-  every_knob.warpgroups = 3;
-  every_knob.pairs = 2;
   for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
     for (int32_t hint : {0, 100, 256, 5000})
-      for (const kernels::fwd::ForwardKnobs& knobs : {kernels::fwd::ForwardKnobs{}, every_knob}) {
-        jf_fwd_args a = call(256, mask);
-        a.launch.max_seqlen_hint = hint;
-        const ForwardVariant v = choose_forward_variant(a, knobs);
-        EXPECT_EQ(v.block_n, 32);
-        EXPECT_EQ(v.warpgroups, 2);
-        EXPECT_EQ(v.block_m(), 128);
-        EXPECT_EQ(v.pairs, 1);
-        EXPECT_FALSE(v.ping_pong);
-        EXPECT_EQ(v.schedule, knobs.schedule);
-      }
+      for (int32_t pooled_rows : {0, 16})
+        for (const ForwardKnobs& knobs : {ForwardKnobs{}, every_knob()}) {
+          SCOPED_TRACE(testing::Message() << "mask=" << mask << " hint=" << hint << " Lq=" << pooled_rows);
+          jf_fwd_args a = call(256, mask);
+          a.launch.max_seqlen_hint = hint;
+          a.problem.pooled_q_rows = pooled_rows;
+          const ForwardVariant v = choose_forward_variant(a, knobs);
+          expect_default_tile(v, 256);
+          EXPECT_EQ(v.schedule, knobs.schedule);
+        }
+}
+
+// A call with a score modifier runs the one tile its kernels are instantiated for (two consumer
+// warpgroups, 128-key blocks, 32 at D = 256; fwd_launch.cuh run_forward_modified), so the
+// chooser must name that tile whatever would pick another without the modifier: D = 64 without
+// a mask, a short max_seqlen hint, a small pooled query set, every shape knob. Each case is
+// checked to pick another tile without the modifier, so the modifier is what decides it.
+TEST(ForwardVariants, ScoreModifierTakesTheDefaultTile) {
+  struct Case {
+    const char* what;
+    int head_dim;
+    jf_mask mask;
+    int32_t hint, pooled_rows;
+    ForwardKnobs knobs;
+  };
+  const Case cases[] = {
+      {"D = 64 without a mask", 64, JF_MASK_NONE, 0, 0, ForwardKnobs{}},
+      {"a short hint", 128, JF_MASK_CAUSAL, 100, 0, ForwardKnobs{}},
+      {"a short hint", 64, JF_MASK_WINDOW, kernels::fwd::kPairsMaxSeqlen, 0, ForwardKnobs{}},
+      {"a small pooled query set", 128, JF_MASK_NONE, 0, 16, ForwardKnobs{}},
+      {"every knob", 128, JF_MASK_NONE, 0, 0, every_knob()},
+      {"every knob", 64, JF_MASK_CAUSAL, 0, 0, every_knob()},
+  };
+  for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(testing::Message()
+                   << c.what << ": D=" << c.head_dim << " mask=" << c.mask << " mod=" << mod);
+      jf_fwd_args a = call(c.head_dim, c.mask);
+      a.launch.max_seqlen_hint = c.hint;
+      a.problem.pooled_q_rows = c.pooled_rows;
+      const ForwardVariant plain = choose_forward_variant(a, c.knobs);
+      EXPECT_TRUE(plain.warpgroups != 2 || plain.block_n != 128 || plain.pairs != 1 || plain.ping_pong)
+          << "without the modifier this case already takes the default tile";
+      a.problem.score_mod = mod;
+      const ForwardVariant v = choose_forward_variant(a, c.knobs);
+      expect_default_tile(v, c.head_dim);
+      EXPECT_EQ(v.schedule, c.knobs.schedule);
+    }
+  for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI}) {
+    jf_fwd_args a = call(256, JF_MASK_NONE);
+    a.problem.score_mod = mod;
+    expect_default_tile(choose_forward_variant(a, every_knob()), 256);
+  }
 }
 
 }  // namespace
