@@ -43,7 +43,7 @@ def main():
     sass = [f"sm_{t}" for t in a.sass.split(",") if t]
     errors = []
 
-    portable = [Path(o) for o in a.objects if re.search(r"(oracle_\w+_hd\d+|offsets_check)\.cu\.o$", o)]
+    portable = [Path(o) for o in a.objects if re.search(r"(oracle_\w+_hd\d+|offsets_check_device)\.cu\.o$", o)]
     hopper = [Path(o) for o in a.objects if re.search(r"hopper_(fwd|bwd)_\w+\.cu\.o$", o)]
     if not any("offsets_check" in p.name for p in portable) or not any("oracle_" in p.name for p in portable):
         errors.append(f"expected the oracle and offsets-check objects among {len(a.objects)} objects")

@@ -3,7 +3,7 @@
 // image this build promises. In a JAGFLASH_PTX_ONLY build (no SASS in the library) every test of
 // this binary runs the oracle from its compute_80 PTX, compiled by the driver: on an H200 that is
 // the path an A100, L40 or B200 runs (scripts/gpu-check-ptx.sh).
-#include "oracle/oracle.hpp"
+#include "api/offsets_check_device.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -64,7 +64,7 @@ jf_backend expected_auto(jf_dtype dtype, int head_dim, jf_direction direction) {
 // 9.0) it was compiled from the compute_80 PTX; with sm_90a SASS in the library an H200 runs that.
 TEST(GpuBackend, OracleRunsFromTheImageThisBuildPromises) {
   cudaFuncAttributes attributes{};
-  ASSERT_EQ(oracle::portable_image(&attributes), cudaSuccess);
+  ASSERT_EQ(detail::portable_image(&attributes), cudaSuccess);
   const int cc = compute_capability();
   std::printf("oracle image on compute capability %d: ptxVersion %d, binaryVersion %d\n", cc,
               attributes.ptxVersion, attributes.binaryVersion);

@@ -2,6 +2,7 @@
 // batches and on the five benchmark distributions scaled down; poisoned outputs, row padding,
 // device-side offsets checks, CUDA-graph capture with new offsets, and repeatability. The score
 // modifiers (softcap, ALiBi) through the oracle's entry, ordinary and pooled, forward and backward.
+#include "api/offsets_check_device.hpp"
 #include "gen/distributions.hpp"
 #include "oracle/oracle.hpp"
 #include "testing/device_buffer.hpp"
@@ -441,7 +442,7 @@ struct ModRun {
     ASSERT_NE(entry, nullptr) << "this build instantiates " << oracle::instantiated();
     const jf_problem p = problem(JF_DEVICE_CUDA);
     auto* flag = d_flag.as<int32_t>();
-    ASSERT_EQ(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
+    ASSERT_EQ(detail::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
                                            /*check=*/false, nullptr),
               cudaSuccess);
     jf_fwd_args f{};

@@ -1,10 +1,10 @@
 // What the checks a call makes on the device report (the offsets check, the plan key): one text
 // for jagflash_read_device_error and for the report, at a later call, of an earlier call's
-// failure latched by the offsets check (oracle::take_latched_offsets_error).
+// failure latched by the offsets check (take_latched_offsets_error, api/offsets_check_device.hpp).
 #pragma once
 
 #include "api/error.hpp"
-#include "oracle/oracle.hpp"
+#include "api/offsets_check_device.hpp"
 #include "schedule/plan.hpp"
 
 #include <cstdint>
@@ -20,17 +20,17 @@ inline std::string device_check_failures(int32_t flag) {
   const struct {
     int32_t bit;
     const char* text;
-  } checks[] = {{oracle::kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
-                {oracle::kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
-                {oracle::kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
-                {oracle::kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
-                {oracle::kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
-                {oracle::kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
+  } checks[] = {{kQFirstNotZero, " problem.q_offsets: expected [0] == 0;"},
+                {kQDecreasing, " problem.q_offsets: expected non-decreasing values;"},
+                {kQLastNotTotal, " problem.q_offsets: expected [B] == q.rows;"},
+                {kKvFirstNotZero, " problem.kv_offsets: expected [0] == 0;"},
+                {kKvDecreasing, " problem.kv_offsets: expected non-decreasing values;"},
+                {kKvLastNotTotal, " problem.kv_offsets: expected [B] == k.rows;"},
                 {schedule::kPlanMismatchFlag,
                  " launch.reuse_plan: expected the workspace to hold the plan of an earlier call"
                  " with the same batch size, q/kv rows and kernel variant (dtype, head dim, mask,"
                  " shapes, max_seqlen_hint), found another or none; pass reuse_plan = 0 to build it;"}};
-  static_assert((schedule::kPlanMismatchFlag & (2 * oracle::kKvLastNotTotal - 1)) == 0, "flag bits overlap");
+  static_assert((schedule::kPlanMismatchFlag & (2 * kKvLastNotTotal - 1)) == 0, "flag bits overlap");
   for (const auto& c : checks)
     if (flag & c.bit) m << c.text;
   return m.str();
@@ -41,7 +41,7 @@ inline std::string device_check_failures(int32_t flag) {
 // behind a prefix that says whose failure it is, as CUDA reports an asynchronous error at a later
 // call.
 inline void report_latched_device_error(int device) {
-  const int32_t bits = oracle::take_latched_offsets_error(device);
+  const int32_t bits = take_latched_offsets_error(device);
   if (bits == 0) return;
   std::ostringstream m;
   m << "an earlier jagflash call on CUDA device " << device

@@ -3,6 +3,7 @@
 // are not (nvcc device code cannot be built with AddressSanitizer). Every call the fuzzer makes
 // has host pointers, which validation sends to the CPU reference or rejects before dispatch
 // reaches any of these entry points, so reaching one is a failure of its own.
+#include "api/offsets_check_device.hpp"
 #include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"
 #include "oracle/oracle.hpp"
@@ -21,14 +22,17 @@ namespace {
 namespace jagflash::oracle {
 const Entry* find(jf_dtype, int) { gpu_path_reached("oracle::find"); }
 std::string instantiated() { gpu_path_reached("oracle::instantiated"); }
+}  // namespace jagflash::oracle
+
+namespace jagflash::detail {
 cudaError_t launch_offsets_check(const int32_t*, const int32_t*, int32_t, int64_t, int64_t, int32_t*, bool,
                                  cudaStream_t) {
-  gpu_path_reached("oracle::launch_offsets_check");
+  gpu_path_reached("launch_offsets_check");
 }
-cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("oracle::portable_image"); }
-int32_t take_latched_offsets_error(int) { gpu_path_reached("oracle::take_latched_offsets_error"); }
-void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("oracle::clear_latched_offsets_error"); }
-}  // namespace jagflash::oracle
+cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("portable_image"); }
+int32_t take_latched_offsets_error(int) { gpu_path_reached("take_latched_offsets_error"); }
+void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("clear_latched_offsets_error"); }
+}  // namespace jagflash::detail
 
 namespace jagflash::kernels {
 const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod) {

@@ -1,10 +1,10 @@
-#include "oracle/oracle.hpp"
+#include "api/offsets_check_device.hpp"
 
 #include <array>
 #include <atomic>
 #include <mutex>
 
-namespace jagflash::oracle {
+namespace jagflash::detail {
 namespace {
 
 __device__ int32_t check_one(const int32_t* offsets, int32_t batch_size, int64_t total, int32_t first_bit,
@@ -132,4 +132,4 @@ cudaError_t portable_image(cudaFuncAttributes* attributes) {
   return cudaFuncGetAttributes(attributes, offsets_check_kernel);
 }
 
-}  // namespace jagflash::oracle
+}  // namespace jagflash::detail
