@@ -32,8 +32,8 @@ for impl in jagflash fa3; do
   gzip -f "$out/${impl}_${tag}_sass.csv"
   ncu -i "$rep" --page raw --csv >"$out/${impl}_${tag}_raw.csv" 2>&1
 done
-# The limits issue 24 asks about, side by side: tensor pipe, L2 reductions and hit rate, DRAM,
-# shared-memory conflicts, and the stall reasons per issued instruction.
+# The limits that can bound the kernels, side by side: tensor pipe, L2 reductions and hit rate,
+# DRAM, shared-memory conflicts, and the stall reasons per issued instruction.
 if [ -n "$(ls "$out"/*_"$tag"_raw.csv 2>/dev/null)" ]; then
   python3 "$root/bench/ncu_metrics.py" "$out"/*_"$tag"_raw.csv | tee "$out/metrics_$tag.txt"
   gzip -f "$out"/*_"$tag"_raw.csv

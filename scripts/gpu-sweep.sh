@@ -3,7 +3,8 @@
 # jagflash_binding.py build): the backward's GPU tests (default order, deterministic mode, the
 # tile-order knobs), then bench/sweep.py (jagflash beside FA3 varlen and FA2 varlen, uniform L =
 # 512..16384 and our own batches); logs and sweep.json/sweep.md/chart in $OUT; the sweep's
-# table and issue 24's bars last.
+# table and its bars (sweep.py's bars(): jagflash / FA3 on the uniform points, TFLOP/s at D = 128
+# from L = 4096, TFLOP/s as L grows) last.
 #   usage: scripts/gpu-sweep.sh [build-dir]
 #   SKIP_TESTS=1 skips the tests; SWEEP_ARGS="..." goes to sweep.py (e.g. --head-dims 128
 #   --variant plain:JAGFLASH_BWD_L2_GROUP_MB=0,JAGFLASH_BWD_ROTATE=0); JAGFLASH_COMMIT names

@@ -4,7 +4,7 @@
 #
 # Why not one `pip install torch`: pip downloads every wheel first and installs them after, and its
 # cache keeps a second copy, so the peak disk use is about twice the installed 4.7 GB. A CI machine
-# with little free disk failed there (stop 10: "No space left on device"). One package at a time
+# with little free disk failed there ("No space left on device"). One package at a time
 # the peak is what is installed so far plus the one wheel being installed: 4.85 GB measured on
 # the build machine (free space sampled every second), about the installed size.
 #

@@ -3,16 +3,16 @@
 
   1. the wgmma are not serialized: ptxas answers some code shapes (a divergent wgmma wait, a
      non-wgmma instruction touching accumulators while a wgmma batch is in flight) by waiting
-     after every HGMMA, which cost the ping-pong kernel 20%, unnoticed from 37b30b1 to its fix
-     in 744ef74 (bench/NOTES.md, 2026-11-29). Serialized code has a WARPGROUP.DEPBAR per HGMMA;
+     after every HGMMA, which cost the ping-pong kernel 20% while no test looked at the SASS
+     (bench/NOTES.md, 2026-11-29). Serialized code has a WARPGROUP.DEPBAR per HGMMA;
      ours has about one per GEMM (8 HGMMAs);
   2. the consumer path never touches local memory: no LDL/STL between the consumers'
      USETMAXREG.TRY_ALLOC and the producer's USETMAXREG.DEALLOC (the producer, one thread with
      few registers, may spill: its code follows the DEALLOC);
   3. no empty wgmma group (an HGMMA on gdesc[URZ]): ptxas emits one for a commit it cannot
      attach to a real GEMM, e.g. one committed after a conditional GEMM; the wait that follows
-     then also waits for the GEMM meant to keep running (this silently disabled the mainloop's
-     intra-warpgroup overlap until 8216650, bench/NOTES.md);
+     then also waits for the GEMM meant to keep running (it can silently disable the mainloop's
+     intra-warpgroup overlap, as bench/NOTES.md records);
   4. the instructions the design relies on are there: HGMMA, USETMAXREG, UTMALDG (TMA loads),
      MUFU.EX2 without the denormal fix-up around it (FSETP ... -126); in the backward also the
      bulk reduce-add of the dQ partials into the fp32 accumulator (cp.reduce.async.bulk: an

@@ -1,4 +1,4 @@
-// GPU tests of pooled attention (jf_problem.pooled_q_rows, issue 17), label "gpu": the oracle's
+// GPU tests of pooled attention (jf_problem.pooled_q_rows), label "gpu": the oracle's
 // pooled forward and backward against the CPU float64 reference run through the C API on the same
 // host copies; outputs poisoned (NaN bytes) so an unwritten element or a write past a view is
 // caught; dk/dv (and dq, whose oracle sum runs in sequence order) bitwise repeatable; a bad

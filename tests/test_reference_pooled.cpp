@@ -1,4 +1,4 @@
-// Pooled attention (jf_problem.pooled_q_rows, issue 17) on the CPU, through the C API, against an
+// Pooled attention (jf_problem.pooled_q_rows) on the CPU, through the C API, against an
 // independent float64 computation: the query set repeated once per sequence and run through the
 // ordinary reference (itself checked against a dense naive computation in test_reference.cpp) in
 // fp32 storage, whose dq rows are then summed over the sequences in float64.

@@ -1,4 +1,4 @@
-// Validation of pooled attention (jf_problem.pooled_q_rows, issue 17): every rule of the contract
+// Validation of pooled attention (jf_problem.pooled_q_rows): every rule of the contract
 // with its status and message (argument, expected, given), outputs left exactly as they were.
 #include <jagflash/jagflash.h>
 

@@ -408,7 +408,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
                       offsets_check, max_seqlen, deterministic, softcap, alibi_slopes);
 }
 
-// ---- Pooled attention (jf_problem.pooled_q_rows, issue 17): one query set q [Lq, H, D] shared by
+// ---- Pooled attention (jf_problem.pooled_q_rows): one query set q [Lq, H, D] shared by
 // every sequence of k, v (kv_offsets [B+1]); out [B*Lq, H, Dv], lse [H, B*Lq], dq [Lq, H, D].
 
 // check_inputs less q_offsets: python/jagflash/_launch.py's check_pooled_inputs words these.

@@ -299,8 +299,8 @@ def test_the_smallest_scale_float32_holds_is_served_as_given_on_cuda():
 
 @pytest.mark.parametrize("path", ["eager", "op", "flash_attn_varlen_func", "pooled"])
 def test_offsets_changed_in_place_before_the_backward_raise_on_cuda(path):
-    """The issue's case on the GPU: same batch size and total, other lengths. The eager path
-    computed the gradients of the new lengths without a word."""
+    """On the GPU: same batch size and total, other lengths. Without the saved offsets' version
+    check the eager path would compute the gradients of the new lengths without a word."""
     static = _batch()
     q, k, v = static.leaves()
     q_off, kv_off = static.q_offsets.clone(), static.kv_offsets.clone()

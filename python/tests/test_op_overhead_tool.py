@@ -1,4 +1,4 @@
-"""bench/op_overhead.py (issue 18 §5) on a machine without a GPU: its options, the table and the
+"""bench/op_overhead.py (the per-call cost of attention on small jagged batches) on a machine without a GPU: its options, the table and the
 bars it prints from rows, and the --cpu mode (jagflash's host time per layer) end to end."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""jagflash.pooled_attention (issue 17): one query set [Lq, H, D] attends over every sequence of a
+"""jagflash.pooled_attention: one query set [Lq, H, D] attends over every sequence of a
 jagged batch. Against an independent torch float64 computation (the query set attending each
 sequence with torch's softmax, the sequences' outputs concatenated, autograd for the gradients:
 dq is then the sum over the sequences), on the CPU (the C++ reference) and, where there is one, the

@@ -56,7 +56,7 @@ PATHS = {"eager": _jagged, "eager-kv": _jagged_kv, "flash_attn_varlen_func": _va
 def test_offsets_changed_before_the_backward_raise(device, path):
     q, off = _inputs(device)
     out = PATHS[path](q, off)
-    off[1] = 5  # the case: same batch size and total, other lengths
+    off[1] = 5  # same batch size and total, other lengths: a change no shape check sees
     with pytest.raises(RuntimeError, match=INPLACE):
         out.sum().backward()
 
