@@ -76,8 +76,9 @@ def _warning_text(direction: int, problem: _capi.Problem, device: torch.device) 
         f"jagflash: the slow path (the GPU oracle: fp32 on CUDA cores, correct but one to two orders of "
         f"magnitude slower) serves this {what} ({dtype}, head dim {problem.q.head_dim}) on "
         f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}). The fast kernels "
-        f"need compute capability 9.0 (H100/H200), bf16 or fp16 and head dim 64, 128 or 256 (backward: "
-        f"64 or 128). jagflash.backend(...) says which path serves a call; this warning is given once."
+        f"need compute capability 9.0 (H100/H200), bf16 or fp16 and a head dim up to 256 (backward: up to "
+        f"128; with a score modifier 64, 128 or 256, backward 64 or 128). jagflash.backend(...) says which "
+        f"path serves a call; this warning is given once."
     )
 
 

@@ -56,12 +56,15 @@ _HEAD_DIM_STEP, _MAX_HEAD_DIM = 8, 256
 _CUDA_HEAD_DIMS = (64, 128, 256)
 
 
-def check_head_dims(q, k, v):
+def check_head_dims(q, k, v, *, backward=False, modified=False):
     """The head dims the C library accepts, with its messages in the ops' terms (q.shape[-1]):
-    UnsupportedError for one no path serves, on the tensors' device (on CUDA: 64, 128 or 256, v's
-    the same as q's), InvalidArgumentError for k's differing from q's. The fake kernels and
-    jagflash.backend() run it, so a traced call fails where an eager one would; an eager call
-    leaves it to the C library, which says the same."""
+    UnsupportedError for one no path serves, on the tensors' device (on CUDA: v's the same as
+    q's, and a q head dim other than 64, 128 or 256 only where the Hopper kernels take it: bf16 or
+    fp16, no score modifier (`modified`), the forward up to 256 and the backward (`backward`) up to
+    128), InvalidArgumentError for k's differing from q's. The fake kernels and jagflash.backend()
+    run it, so a traced call fails where an eager one would; an eager call leaves it to the C
+    library, which says the same (on a GPU that is not a Hopper one it also refuses what only the
+    Hopper kernels serve)."""
     d, dv = q.shape[-1], v.shape[-1]
     if d < _HEAD_DIM_STEP or d > _MAX_HEAD_DIM or d % _HEAD_DIM_STEP != 0:
         raise _errors.UnsupportedError(f"q.shape[-1]: expected a multiple of 8 from 8 to 256, got {d}",
@@ -70,10 +73,12 @@ def check_head_dims(q, k, v):
         raise _errors.UnsupportedError(f"v.shape[-1]: expected a multiple of 8 from 8 to q's head dim ({d}), got {dv}",
                                        _capi.ERR_UNSUPPORTED)
     if q.device.type == "cuda":
-        if d not in _CUDA_HEAD_DIMS:
+        hopper = q.dtype in (torch.bfloat16, torch.float16) and not modified and d <= (128 if backward else 256)
+        if d not in _CUDA_HEAD_DIMS and not hopper:
             raise _errors.UnsupportedError(
-                f"q.shape[-1]: expected 64, 128 or 256 on CUDA (head dim {d} is served on CPU tensors only so far), "
-                f"got {d}", _capi.ERR_UNSUPPORTED)
+                f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
+                f"kernels with bf16/fp16 and no score modifier, {'the backward up to head dim 128' if backward else 'forward up to 256'}; "
+                f"otherwise on CPU tensors only so far), got {d}", _capi.ERR_UNSUPPORTED)
         if dv != d:
             raise _errors.UnsupportedError(
                 f"v.shape[-1]: expected q's head dim ({d}) on CUDA (a v head dim of its own, {dv} here, is served on "

@@ -95,7 +95,7 @@ def flash_attn_varlen_func(
 
     q: [total_q, H, D]; k: [total_k, H_kv, D]; v: [total_k, H_kv, Dv], H % H_kv == 0 (head h of q
     attends to head h // (H / H_kv) of k and v, as in FlashAttention). fp16/bf16 on the GPU
-    (sm_90) at D = 64, 128 or 256 with Dv = D; CPU tensors (fp32 too) run the C++ float64
+    (sm_90) at any D up to 256 (the backward up to 128, and 256) with Dv = D; CPU tensors (fp32 too) run the C++ float64
     reference at any D that is a multiple of 8 up to 256, and any such Dv <= D.
     cu_seqlens_q, cu_seqlens_k: int32 (or int64) [B+1] cumulative lengths on the tensors' device.
     max_seqlen_q, max_seqlen_k: FlashAttention requires them; for jagflash they are hints for the

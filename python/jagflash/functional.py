@@ -279,8 +279,9 @@ def jagged_attention(
     q: [total_q, H, D]; k: [total_kv, H_kv, D]; v: [total_kv, H_kv, Dv] with H % H_kv == 0
     (GQA/MQA); bf16 or fp16 (fp32 also accepted). Returns out [total_q, H, Dv]. Head dims: on CPU
     tensors D any multiple of 8 from 8 to 256 and Dv one up to D (DeepSeek's 192 / 128); on CUDA
-    tensors D = 64, 128 or 256 with Dv = D so far (others raise UnsupportedError naming
-    q.shape[-1] or v.shape[-1]; jagflash.backend says the same). Rows may be strided (slices of a
+    tensors Dv = D, and D = 64, 128 or 256, or any other D on the Hopper kernels (bf16/fp16, no
+    score modifier; the backward up to 128): others raise UnsupportedError naming q.shape[-1] or
+    v.shape[-1] (jagflash.backend says the same). Rows may be strided (slices of a
     fused QKV); the head dim is made contiguous when it is not.
     q_offsets, kv_offsets: int32 or int64 [B+1] on the tensors' device, offsets[0] == 0,
     non-decreasing, last == total, every value within int32; kv_offsets=None means q's.
@@ -536,8 +537,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
     for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
-    head dims on that device: on CUDA anything but 64, 128 or 256 with v's the same; a softcap or
-    alibi_slopes, as jagged_attention takes them, where nothing serves the call)."""
+    head dims on that device for this call: on CUDA a v head dim of its own, or one other than 64,
+    128 or 256 that the Hopper kernels do not take: fp32, a softcap or alibi_slopes, a backward
+    past 128)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -545,8 +547,8 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     q_offsets = _offsets("q_offsets", q_offsets)
     kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v)
     cap = _softcap(softcap)
+    _launch.check_head_dims(q, k, v, backward=backward, modified=cap != 0 or alibi_slopes is not None)
     _launch.check_score_mod(q, cap, alibi_slopes)
     q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
     problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)

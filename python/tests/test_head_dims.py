@@ -1,15 +1,17 @@
 """Every head dim that is a multiple of 8 up to 256, and a v head dim of its own (Dv <= D), on CPU
 tensors (the C++ float64 reference) through jagged_attention, attention (nested),
-flash_attn_varlen_func and the custom ops' fake kernels; on CUDA tensors the head dims no GPU path
-serves yet are refused with UnsupportedError before anything launches (checked here on fake CUDA
-tensors, which need no GPU: the fake kernels and jagflash.backend run the C library's rules)."""
+flash_attn_varlen_func and the custom ops' fake kernels; on CUDA tensors the Hopper kernels' head
+dims (padded below 64 / 128 / 256) against the float64 reference, and what no GPU path serves yet
+refused with UnsupportedError before anything launches (checked on fake CUDA tensors, which need
+no GPU: the fake kernels and jagflash.backend run the C library's rules)."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
-from conftest import (MASKS, TOLERANCES, assert_close, assert_same, check_against_reference, make_batch, offsets_of,
-                      assert_compiled_matches_eager, opcheck_fwd_bwd, reference)
+from conftest import (MASKS, TOLERANCES, LSE_TOLERANCE, assert_close, assert_lse_close, assert_same,
+                      check_against_reference, make_batch, needs_cuda, offsets_of, assert_compiled_matches_eager,
+                      opcheck_fwd_bwd, reference)
 
 # (D, Dv): head dims models bring (Phi-2's 80, GPT-NeoX's 96, DeepSeek's 192 / 128) and the
 # edges of the range.
@@ -186,17 +188,18 @@ def test_compiled_fullgraph_matches_eager():
     assert out.shape == (batch.q.shape[0], 4, 128)
 
 
-# ---- CUDA: what no GPU path serves is refused before launch, naming the head dim.
+# ---- CUDA: the Hopper kernels take every head dim (padded below 64 / 128 / 256) for bf16/fp16
+# without a score modifier, the forward up to 256 and the backward up to 128; what nothing serves
+# is refused before launch, naming the head dim (checked on fake CUDA tensors, no GPU needed).
 
-CUDA_REFUSED = [
-    ((96, 96), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 96 is served on CPU tensors only so far\), "
-               r"got 96$"),
-    ((80, 80), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 80 is served on CPU tensors only so far\), "
-               r"got 80$"),
-    ((192, 128), r"^q.shape\[-1\]: expected 64, 128 or 256 on CUDA \(head dim 192 is served"),
-    ((128, 64), r"^v.shape\[-1\]: expected q's head dim \(128\) on CUDA \(a v head dim of its own, 64 here, is served "
-                r"on CPU tensors only so far\), got 64$"),
-]
+V_OF_ITS_OWN = r"^v.shape\[-1\]: expected q's head dim \(128\) on CUDA \(a v head dim of its own, 64 here, is served " \
+               r"on CPU tensors only so far\), got 64$"
+BACKWARD_192 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 192 runs on the Hopper " \
+               r"kernels with bf16/fp16 and no score modifier, the backward up to head dim 128; otherwise on CPU " \
+               r"tensors only so far\), got 192$"
+FORWARD_80 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 80 runs on the Hopper " \
+             r"kernels with bf16/fp16 and no score modifier, forward up to 256; otherwise on CPU tensors only so " \
+             r"far\), got 80$"
 
 
 def _fake_cuda(dims, dtype=torch.bfloat16):
@@ -208,30 +211,109 @@ def _fake_cuda(dims, dtype=torch.bfloat16):
     return q, k, v, offsets
 
 
-@pytest.mark.parametrize("dims,message", CUDA_REFUSED, ids=[_id(d) for d, _ in CUDA_REFUSED])
-def test_cuda_refuses_head_dims_no_gpu_path_serves(dims, message):
-    with FakeTensorMode():
-        q, k, v, off = _fake_cuda(dims)
-        entries = {
-            "jagged_attention": lambda: jagflash.jagged_attention(q, k, v, off, off, causal=True),
-            "flash_attn_varlen_func": lambda: jagflash.flash_attn_varlen_func(q, k, v, off, off, 4, 4),
-            "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto"),
-            "op bwd": lambda: torch.ops.jagflash.bwd(q[..., :v.shape[-1]], q, k, v, q[..., :v.shape[-1]],
-                                                     torch.empty(4, 12, device="cuda"), off, off, 0, -1, -1, 0.0,
-                                                     "auto"),
-            "pooled_fwd": lambda: torch.ops.jagflash.pooled_fwd(q[:3], k, v, off, 0, -1, -1, 0.0, "auto"),
-            "backend": lambda: jagflash.backend(q, k, v, off, off),
-            "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True),
-        }
-        for name, call in entries.items():
-            with pytest.raises(jagflash.UnsupportedError, match=message):
-                call()
+def _entries(q, k, v, off, **kwargs):
+    """{name: call} of every forward and backward entry on fake tensors (kwargs: a modifier)."""
+    op_mod = (kwargs.get("softcap", 0.0), kwargs.get("alibi_slopes"))
+    lse = torch.empty(4, 12, device="cuda")
+    dv = v.shape[-1]
+    return {
+        "forward": {
+            "jagged_attention": lambda: jagflash.jagged_attention(q, k, v, off, off, causal=True, **kwargs),
+            "flash_attn_varlen_func": lambda: jagflash.flash_attn_varlen_func(q, k, v, off, off, 4, 4, **kwargs),
+            "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, *op_mod),
+            "pooled_fwd": lambda: torch.ops.jagflash.pooled_fwd(q[:3], k, v, off, 0, -1, -1, 0.0, "auto", 0, False,
+                                                                *op_mod),
+            "backend": lambda: jagflash.backend(q, k, v, off, off, **kwargs),
+        },
+        "backward": {
+            "op bwd": lambda: torch.ops.jagflash.bwd(q[..., :dv], q, k, v, q[..., :dv], lse, off, off, 0, -1, -1, 0.0,
+                                                     "auto", 0, False, *op_mod),
+            "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True, **kwargs),
+        },
+    }
 
 
-def test_cuda_head_dims_the_gpu_paths_serve_pass_the_check():
-    """64, 128 and 256 with v's the same trace on fake CUDA tensors (the shapes come out)."""
+def _expect_refused(calls, message):
+    for name, call in calls.items():
+        with pytest.raises(jagflash.UnsupportedError, match=message):
+            call()
+
+
+def test_cuda_refuses_a_v_head_dim_of_its_own():
     with FakeTensorMode():
-        for d in (64, 128, 256):
-            q, k, v, off = _fake_cuda((d, d))
-            out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
-            assert out.shape == (12, 4, d) and out.device.type == "cuda"
+        entries = _entries(*_fake_cuda((128, 64)))
+        _expect_refused({**entries["forward"], **entries["backward"]}, V_OF_ITS_OWN)
+
+
+def test_cuda_refuses_the_backward_past_128_off_the_kernel_head_dims():
+    """D = 192: the forward runs (the Hopper kernel of 256, padded), the backward is refused."""
+    with FakeTensorMode():
+        q, k, v, off = _fake_cuda((192, 192))
+        entries = _entries(q, k, v, off)
+        out, lse = entries["forward"]["op fwd"]()
+        assert out.shape == (12, 4, 192)
+        _expect_refused(entries["backward"], BACKWARD_192)
+
+
+def test_cuda_refuses_a_padded_head_dim_with_a_modifier_or_fp32():
+    with FakeTensorMode():
+        _expect_refused(_entries(*_fake_cuda((80, 80)), softcap=5.0)["forward"], FORWARD_80)
+        _expect_refused(_entries(*_fake_cuda((80, 80), torch.float32))["forward"], FORWARD_80)
+
+
+@pytest.mark.parametrize("d", [8, 40, 64, 80, 96, 112, 128, 160, 192, 224, 256])
+def test_cuda_head_dims_the_hopper_kernels_serve_trace(d):
+    """Forward at every head dim, backward up to 128 (and at 256, the oracle's): shapes come out."""
+    with FakeTensorMode():
+        q, k, v, off = _fake_cuda((d, d))
+        out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
+        assert out.shape == (12, 4, d) and out.device.type == "cuda"
+        if d <= 128 or d == 256:
+            dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto")
+            assert dq.shape == q.shape and dv.shape == v.shape
+
+
+CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
+CUDA_KV_LENGTHS = [3, 5, 257, 64, 130, 0]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [8, 32, 40, 72, 80, 96, 112])
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+def test_cuda_padded_head_dims_match_the_reference(d, dtype, mask):
+    causal, window = MASKS[mask]
+    batch = make_batch(3000 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
+                       head_dim=d, dtype=dtype, device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
+    check_against_reference(batch, causal=causal, window=window)
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", [136, 160, 192, 224])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_padded_forward_past_128_matches_the_reference(d, causal):
+    batch = make_batch(3100 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
+                       head_dim=d, device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
+    out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
+                                         causal=causal, return_lse=True)
+    ref_out, ref_lse = reference(batch, causal=causal)[:2]
+    assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
+    assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)
+
+
+@needs_cuda
+def test_cuda_padded_head_dim_through_flash_attn_varlen_func():
+    batch = make_batch(3200, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, head_dim=80,
+                       device="cuda")
+    q, k, v = batch.leaves()
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, max(CUDA_Q_LENGTHS),
+                                          max(CUDA_KV_LENGTHS), causal=True)
+    out.backward(batch.dout)
+    ref_out, _, ref_dq, ref_dk, ref_dv = reference(batch, causal=True)
+    tol_out, tol_grad = TOLERANCES[q.dtype]
+    assert_close("out", out, ref_out, tol_out, batch.seed)
+    for name, got, want in (("dq", q.grad, ref_dq), ("dk", k.grad, ref_dk), ("dv", v.grad, ref_dv)):
+        assert_close(name, got, want, tol_grad, batch.seed)

@@ -46,8 +46,22 @@ void require_oracle_image() {
                 given.str(), JF_ERR_UNSUPPORTED);
 }
 
+// A GPU call no Hopper kernel serves goes to the oracle, which has head dims 64, 128 and 256 only:
+// any other head dim is refused here, saying what serves it (the Hopper kernels: bf16/fp16 without a
+// score modifier, on a compute capability 9.0 GPU, forward up to 256, backward up to 128).
+void require_served_head_dim(const jf_problem& p, bool backward) {
+  const int32_t d = p.q.head_dim;
+  if (d == 64 || d == 128 || d == 256) return;
+  std::ostringstream e;
+  e << "64, 128 or 256 for this call on CUDA (head dim " << d << " runs on the Hopper kernels on a compute "
+    << "capability 9.0 GPU with bf16/fp16 and no score modifier, " << (backward ? "the backward" : "forward")
+    << (backward ? " up to head dim 128" : " up to 256") << "; otherwise on CPU tensors only so far)";
+  fail_argument("problem.q.head_dim", e.str(), d, JF_ERR_UNSUPPORTED);
+}
+
 // The oracle entry serving a GPU call, checked to be instantiated and runnable on this GPU.
-const oracle::Entry& oracle_for(const jf_problem& p) {
+const oracle::Entry& oracle_for(const jf_problem& p, bool backward) {
+  require_served_head_dim(p, backward);
   const oracle::Entry* e = oracle::find(p.dtype, p.q.head_dim);
   if (e == nullptr) {
     std::ostringstream given;
@@ -85,7 +99,8 @@ const Entry* hopper_entry_for(const jf_problem& p, const jf_launch& l, const Ent
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
       p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim, p.score_mod),
-      "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64, 128 or 256 (as instantiated in this build)");
+      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 (64, 128 or 256 with a score modifier; as "
+      "instantiated in this build)");
 }
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
   return hopper_forward_for(a.problem, a.launch);
@@ -127,9 +142,11 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
 }
 
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
-  return hopper_entry_for(p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod),
-                          "JF_BACKEND_HOPPER with bf16/fp16 and head dim 64 or 128 for the backward (as "
-                          "instantiated in this build; head dim 256 is served by the oracle)");
+  return hopper_entry_for(
+      p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod),
+      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 128 for the backward (64 or "
+      "128 with a score modifier; as instantiated in this build; head dim 256 is served by "
+      "the oracle)");
 }
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
   return hopper_backward_for(a.problem, a.launch);
@@ -182,12 +199,15 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   if (p.device != JF_DEVICE_CUDA) return w;
   w.hopper = hopper_backward_for(a);
   if (w.hopper == nullptr) {
+    require_served_head_dim(p, /*backward=*/true);
     w.layout = WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
     w.bytes = w.layout.total_bytes;
     return w;
   }
-  w.layout = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), p.q.head_dim, p.k.heads, p.k.rows,
-                                              backward_group_splits(a));
+  // The dQ accumulator and the split partials keep the kernel's head dim (a padded one's too).
+  w.layout =
+      WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), kernels::kernel_head_dim(p.q.head_dim),
+                                       p.k.heads, p.k.rows, backward_group_splits(a));
   if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
   w.plan = schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p),
                                             kernels::kBackwardBlockN, kernels::kBackwardBlockM);
@@ -202,7 +222,7 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward)
   if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
   const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
   if (hopper) return JF_BACKEND_HOPPER;
-  oracle_for(p);  // the call's own checks: instantiated, and device code for this GPU
+  oracle_for(p, backward);  // the call's own checks: head dim, instantiated, device code for this GPU
   return JF_BACKEND_ORACLE;
 }
 
@@ -210,6 +230,7 @@ size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
   if (a.problem.device != JF_DEVICE_CUDA) return 0;
   if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
+  require_served_head_dim(a.problem, /*backward=*/false);
   return WorkspaceLayout::forward_gpu().total_bytes;
 }
 
@@ -223,7 +244,7 @@ void run_forward(const jf_fwd_args& a) {
     return;
   }
   const kernels::HopperForwardEntry* hopper = hopper_forward_for(a);
-  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p, /*backward=*/false);
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
@@ -255,7 +276,7 @@ void run_backward(const jf_bwd_args& a) {
     return;
   }
   const kernels::HopperBackwardEntry* hopper = work.hopper;
-  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p, /*backward=*/true);
   const WorkspaceLayout& layout = work.layout;
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));

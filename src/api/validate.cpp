@@ -481,11 +481,6 @@ bool is_device_pointer(const void* p) {
 
 void check_cuda_head_dims(const jf_problem& p) {
   const int32_t d = p.q.head_dim, dv = p.v.head_dim;
-  if (d != 64 && d != 128 && d != 256) {
-    std::ostringstream e;
-    e << "64, 128 or 256 on CUDA (head dim " << d << " is served on CPU tensors only so far)";
-    fail_argument("problem.q.head_dim", e.str(), d, JF_ERR_UNSUPPORTED);
-  }
   if (dv != d) {
     std::ostringstream e;
     e << "q's head dim (" << d << ") on CUDA (a v head dim of its own, " << dv

@@ -36,10 +36,12 @@ struct HopperBackwardEntry {
   jf_dtype dtype;
   int head_dim;
   jf_score_mod score_mod;
+  bool padded;  // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
   HopperBackwardFn run;
 };
 
-// nullptr when this build did not instantiate (dtype, head_dim, score_mod).
+// The entry serving a caller's (dtype, head dim, score modifier): the kernel of the next head dim
+// up (kernel_head_dim), padded when below it; nullptr when this build has none.
 const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
 
 // The backward's tile shape (the plan is built over KV blocks of kBackwardBlockN keys; each

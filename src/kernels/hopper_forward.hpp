@@ -30,11 +30,20 @@ struct HopperForwardEntry {
   jf_dtype dtype;
   int head_dim;
   jf_score_mod score_mod;
+  bool padded;  // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
   HopperForwardFn run;
 };
 
-// nullptr when this build did not instantiate (dtype, head_dim, score_mod).
+// The entry serving a caller's (dtype, head dim, score modifier): the kernel of the next head dim
+// up (kernel_head_dim), padded when below it; nullptr when this build has none.
 const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
+
+// The kernel head dim that serves a caller's head dim d: 64, 128 or 256, the smallest not below d,
+// for d a multiple of 8 up to 256 (0 otherwise). Below it the kernel runs padded (PaddedHeadDim).
+inline int kernel_head_dim(int head_dim) {
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
 
 // True when the current device can run sm_90a code (compute capability 9.0).
 bool hopper_device_present();

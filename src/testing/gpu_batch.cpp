@@ -170,10 +170,15 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   size_t fwd_bytes = 0, bwd_bytes = 0, bwd_det_bytes = 0;
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
   jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-  check_status(jagflash_fwd_workspace_size(&fa, &fwd_bytes), "forward workspace size");
-  check_status(jagflash_bwd_workspace_size(&ba, &bwd_bytes), "backward workspace size");
+  // A direction no path serves for this spec (JF_ERR_UNSUPPORTED: e.g. the backward at a head dim
+  // only the forward takes) needs no workspace: its calls are refused before they use one.
+  auto size_or_unsupported = [](jf_status status, const char* what) {
+    if (status != JF_ERR_UNSUPPORTED) check_status(status, what);
+  };
+  size_or_unsupported(jagflash_fwd_workspace_size(&fa, &fwd_bytes), "forward workspace size");
+  size_or_unsupported(jagflash_bwd_workspace_size(&ba, &bwd_bytes), "backward workspace size");
   ba.launch.deterministic = 1;  // the deterministic backward needs more (its semaphores)
-  check_status(jagflash_bwd_workspace_size(&ba, &bwd_det_bytes), "backward workspace size");
+  size_or_unsupported(jagflash_bwd_workspace_size(&ba, &bwd_det_bytes), "backward workspace size");
   g.workspace = DeviceBuffer(std::max({fwd_bytes, bwd_bytes, bwd_det_bytes}));
   cuda_check(cudaDeviceSynchronize(), "make_gpu_batch");
   return g;

@@ -84,18 +84,20 @@ inline cudaError_t dq_tensor_map(CUtensorMap* map, float* base, uint64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// kMod: the score modifier (one instantiation per (dtype, head dim, modifier), each in its own
-// translation unit).
-template <class Element, int kHeadDim, jf_score_mod kMod = JF_SCORE_MOD_NONE>
+// kMod: the score modifier; kPadded: the caller's head dim is below kHeadDim (one instantiation
+// per (dtype, head dim, variant), each in its own translation unit).
+template <class Element, int kHeadDim, jf_score_mod kMod = JF_SCORE_MOD_NONE, bool kPadded = false>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
-  using Config = TileConfig<Element, kHeadDim, kMod>;
+  using Config = TileConfig<Element, kHeadDim, kMod, kPadded>;
   using Traits = KernelTraits<Config>;
   // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
   // dispatcher sizes the plan for this tile shape.
   static_assert(Config::kBlockM == kBackwardBlockM && Config::kBlockN == kBackwardBlockN, "tile shape");
   const jf_problem& pb = a.problem;
   const int32_t heads = pb.q.heads;
-  const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
+  // 1/sqrt of the caller's head dim (kHeadDim's but with kPadded).
+  const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(pb.q.head_dim));
+  const int32_t head_dim_chunks = pb.q.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
 
   // Pooled attention summed inside the CTAs (Params::pooled_dq_sum): one Q block a sequence, one
   // query head a tile, and the deterministic mode's fixed order not asked for.
@@ -137,8 +139,9 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.q_stride = launch.q_stride;
     pp.num_heads = heads;
     pp.error_flag = launch.error_flag;
+    pp.head_dim_chunks = head_dim_chunks;
     using Shape = PreprocessShape<kHeadDim>;
-    preprocess_kernel<Element, kHeadDim>
+    preprocess_kernel<Element, kHeadDim, kPadded>
         <<<Shape::grid(launch.q_stride, heads), Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
@@ -206,6 +209,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.q_offsets = pb.q_offsets;
     p.kv_offsets = pb.kv_offsets;
     p.mask = mask;
+    p.head_dim_chunks = head_dim_chunks;
     p.scale = scale;
     p.scale_log2 = scale * 1.4426950408889634f;
     if constexpr (kMod != JF_SCORE_MOD_NONE) {
@@ -257,8 +261,9 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
       dp.dv_row_stride = a.dv.row_stride;
       dp.dv_head_stride = a.dv.head_stride;
       dp.error_flag = launch.error_flag;
+      dp.head_dim_chunks = head_dim_chunks;
       using Shape = PreprocessShape<kHeadDim>;
-      dkv_postprocess_kernel<Element, kHeadDim>
+      dkv_postprocess_kernel<Element, kHeadDim, kPadded>
           <<<Shape::grid(pb.k.rows, pb.k.heads), Shape::kThreads, 0, stream>>>(dp);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
@@ -280,8 +285,10 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.num_heads = heads;
     pp.scale = scale;
     pp.error_flag = launch.error_flag;
+    pp.head_dim_chunks = head_dim_chunks;
     using Shape = PreprocessShape<kHeadDim>;
-    postprocess_kernel<Element, kHeadDim><<<Shape::grid(pp.total_q, heads), Shape::kThreads, 0, stream>>>(pp);
+    postprocess_kernel<Element, kHeadDim, kPadded>
+        <<<Shape::grid(pp.total_q, heads), Shape::kThreads, 0, stream>>>(pp);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

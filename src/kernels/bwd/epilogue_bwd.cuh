@@ -79,7 +79,8 @@ __device__ __forceinline__ void stage_and_store(const Params<Traits>& p, const T
     const int idx = wg_thread + 128 * i;
     const int key = idx / Staging::kChunks, chunk = idx % Staging::kChunks;
     const uint4 v = ld_shared_v4(ds_base + Staging::offset(wg, key, chunk));
-    if (key_lo + key < t.len_kv) {
+    // With a padded head dim the chunks past the caller's are zero columns, never stored.
+    if (key_lo + key < t.len_kv && (!Traits::kPaddedHeadDim || chunk < p.head_dim_chunks)) {
       const int64_t row = int64_t(t.kv_start) + key_lo + key;
       *reinterpret_cast<uint4*>(out + row * row_stride + int64_t(t.kv_head) * head_stride +
                                 chunk * (16 / int(sizeof(Element)))) = v;

@@ -38,6 +38,7 @@ struct KernelTraits {
   static constexpr int kDqStages = Config::kDqStages;
   static constexpr int kDsBuffers = Config::kDsBuffers;
   using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
+  static constexpr bool kPaddedHeadDim = Config::kPaddedHeadDim;
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
@@ -235,6 +236,8 @@ struct Params {
   // only by a kernel with a modifier (Traits::ScoreMod). With softcap, scale_log2 above is
   // cap x log2 e (common::score_mod_launch); scale stays the softmax scale dK and dQ take.
   common::ScoreModArgs score_mod;
+  // kPaddedHeadDim: the caller's head dim in 16-byte chunks (the columns dk, dv take).
+  int32_t head_dim_chunks;
 };
 
 }  // namespace jagflash::kernels::bwd

@@ -27,6 +27,7 @@ struct PreprocessParams {
   int64_t total_q, q_stride;
   int32_t num_heads;
   const int32_t* error_flag;
+  int32_t head_dim_chunks;  // kPadded: the caller's head dim in 16-byte chunks (the rest reads as 0)
 };
 
 // kRowsPerCta rows of one head a CTA, kLanesPerRow lanes a row, each lane one 16-byte
@@ -53,7 +54,7 @@ struct PreprocessShape {
   }
 };
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPadded>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     preprocess_kernel(const PreprocessParams p) {
   if (*p.error_flag) return;
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
     const int64_t row = Shape::thread_row(cta, p.num_heads);
     float sum = 0.f;
-    if (row < p.total_q) {
+    if (row < p.total_q && (!kPadded || sub < p.head_dim_chunks)) {
       const uint4 o = *reinterpret_cast<const uint4*>(
           static_cast<const Element*>(p.out) + row * p.out_row_stride + h * p.out_head_stride + sub * 8);
       const uint4 d = *reinterpret_cast<const uint4*>(
@@ -120,12 +121,13 @@ struct PostprocessParams {
   int32_t num_heads;
   float scale;
   const int32_t* error_flag;
+  int32_t head_dim_chunks;  // kPadded: the caller's head dim in 16-byte chunks
 };
 
 // Eight elements a thread: two 16-byte loads of the accumulator, one 16-byte store; a CTA takes
 // kRowsPerCta rows of one head, as the preprocess does. (The first version, with four 64-bit
 // divisions per item, ran at the same 3.7 TB/s: this one is memory-bound either way.)
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPadded>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     postprocess_kernel(const PostprocessParams p) {
   if (*p.error_flag) return;
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_q, p.num_heads); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
     const int64_t row = Shape::thread_row(cta, p.num_heads);
-    if (row >= p.total_q) continue;
+    if (row >= p.total_q || (kPadded && chunk >= p.head_dim_chunks)) continue;
     const float* head_rows = p.dq_accum + int64_t(h) * p.dq_rows * kHeadDim + chunk * 8;
     const uint4 packed =
         sum8_strided<Element>(head_rows + row * kHeadDim, p.sum_count, p.sum_stride * kHeadDim, p.scale);
@@ -153,12 +155,13 @@ struct DkvPostprocessParams {
   void* dv;
   int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
   const int32_t* error_flag;
+  int32_t head_dim_chunks;  // kPadded: the caller's head dim in 16-byte chunks
 };
 
 // Every row of every sequence has its partials written (every KV block of a sequence is a tile
 // of each split, including blocks no query sees, which write zeros), and offsets end at
 // total_kv: the rows [0, total_kv) are all read and written, nothing past them.
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPadded>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     dkv_postprocess_kernel(const DkvPostprocessParams p) {
   if (*p.error_flag) return;
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_kv, p.num_heads_kv); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads_kv);
     const int64_t row = Shape::thread_row(cta, p.num_heads_kv);
-    if (row >= p.total_kv) continue;
+    if (row >= p.total_kv || (kPadded && chunk >= p.head_dim_chunks)) continue;
     const int64_t at = (row * p.num_heads_kv + h) * kHeadDim + chunk * 8;
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk) + row * p.dk_row_stride + h * p.dk_head_stride +
                               chunk * 8) =

@@ -18,12 +18,17 @@ namespace jagflash::kernels::bwd {
 // warpgroup may write the next block's dS while the other still reads this one in its dQ GEMM);
 // dQ's fp32 partials go through kDqStages shared-memory stages to the dQ writer's bulk reduce-add.
 // kScoreMod: the score modifier the kernel applies (kernels/common/score_mod.cuh); none compiles
-// to the kernel without one.
-template <class Element_, int kHeadDim_, jf_score_mod kScoreMod_ = JF_SCORE_MOD_NONE>
+// to the kernel without one. kPaddedHeadDim: the caller's head dim is below kHeadDim (a multiple of
+// 8): Q, K, V, dO arrive zero-filled past it (the TMA's out-of-bounds fill), the fp32 dQ
+// accumulator and partials keep kHeadDim columns, and only the caller's are read from O, dO and
+// written to dq, dk, dv (Params::head_dim_chunks).
+template <class Element_, int kHeadDim_, jf_score_mod kScoreMod_ = JF_SCORE_MOD_NONE,
+          bool kPaddedHeadDim_ = false>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr jf_score_mod kScoreMod = kScoreMod_;
+  static constexpr bool kPaddedHeadDim = kPaddedHeadDim_;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kConsumerWarpgroups = 2;

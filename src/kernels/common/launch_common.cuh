@@ -40,7 +40,9 @@ inline int sm_count() {
 }
 
 // A [rows, heads, head_dim] view as the TMA's (rows, head dim, heads) tensor. A tensor with no
-// rows still needs a valid descriptor (it is never loaded from): it borrows `fallback`.
+// rows still needs a valid descriptor (it is never loaded from): it borrows `fallback`. The head
+// dim is the view's own (the kernel's kHeadDim, or less with PaddedHeadDim: the TMA's box, kHeadDim
+// wide, then reads zeros past it); the descriptor's type is the same either way.
 template <class Traits>
 auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
   using Element = typename Traits::Element;
@@ -49,7 +51,7 @@ auto gmem_tensor(const jf_tensor& t, const jf_tensor& fallback) {
   // A single head's stride is never stepped over, but the TMA still requires it 16-byte aligned.
   const int64_t head_stride = src.heads > 1 ? src.head_stride : Traits::kHeadDim;
   return make_tensor(make_gmem_ptr(static_cast<const Element*>(src.data)),
-                     make_layout(make_shape(rows, typename Traits::HeadDim{}, src.heads),
+                     make_layout(make_shape(rows, static_cast<int32_t>(src.head_dim), src.heads),
                                  make_stride(src.row_stride, _1{}, head_stride)));
 }
 

@@ -60,6 +60,8 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
     const int row_local = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
     const int32_t i = t.m_block * Traits::kBlockM + warpgroup * kWgRows + row_local;
     if (i >= t.len_q) continue;
+    if constexpr (Traits::kPaddedHeadDim)
+      if (chunk >= p.head_dim_chunks) continue;  // a zero column past the caller's head dim
     const int64_t row = int64_t(t.q_start) + i;
     Element* dst = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride + chunk * kChunk;
     *reinterpret_cast<uint4*>(dst) =

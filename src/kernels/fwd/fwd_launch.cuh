@@ -16,7 +16,6 @@ template <class Config>
 cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,
                                 cudaStream_t stream) {
   using Element = typename Config::Element;
-  constexpr int kHeadDim = Config::kHeadDim;
   using Traits = KernelTraits<Config>;
   const jf_problem& pb = a.problem;
   if (pb.q.rows == 0) return cudaSuccess;
@@ -54,8 +53,10 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.q_offsets = pb.q_offsets;
   p.kv_offsets = pb.kv_offsets;
   p.mask = mask;
-  p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(kHeadDim));
+  // 1/sqrt of the caller's head dim (kHeadDim's but with PaddedHeadDim).
+  p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(pb.q.head_dim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.head_dim_chunks = pb.q.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
   if constexpr (Config::kScoreMod != JF_SCORE_MOD_NONE) {
     const common::ScoreModLaunch mod = common::score_mod_launch(pb, p.scale);
     p.score_mod = mod.args;
@@ -139,10 +140,25 @@ cudaError_t run_forward_modified(const jf_fwd_args& a, const HopperForwardLaunch
                                                                                    stream);
 }
 
-// The entry point's body for one (dtype, head dim, modifier).
-template <class Element, int kHeadDim, jf_score_mod kMod>
+// A call whose head dim is below kHeadDim (a multiple of 8): the default tile with PaddedHeadDim,
+// no modifier.
+template <class Element, int kHeadDim>
+cudaError_t run_forward_padded(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
+  const ForwardVariant v = choose_forward_variant(a);
+  if constexpr (kHeadDim == 256)
+    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, PaddedHeadDim>>(a, launch, v.schedule,
+                                                                                    stream);
+  else
+    return run_forward_variant<TileConfig<Element, kHeadDim, PaddedHeadDim>>(a, launch, v.schedule, stream);
+}
+
+// The entry point's body for one (dtype, kernel head dim, modifier, padded head dim).
+template <class Element, int kHeadDim, jf_score_mod kMod, bool kPadded>
 cudaError_t run_forward_for(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  if constexpr (kMod == JF_SCORE_MOD_NONE)
+  static_assert(!kPadded || kMod == JF_SCORE_MOD_NONE, "a padded head dim takes no modifier");
+  if constexpr (kPadded)
+    return run_forward_padded<Element, kHeadDim>(a, launch, stream);
+  else if constexpr (kMod == JF_SCORE_MOD_NONE)
     return run_forward<Element, kHeadDim>(a, launch, stream);
   else
     return run_forward_modified<Element, kHeadDim, kMod>(a, launch, stream);

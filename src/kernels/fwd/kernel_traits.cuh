@@ -39,6 +39,7 @@ struct KernelTraits {
   static constexpr int kConsumerWarpgroups = Config::kConsumerWarpgroups;
   static constexpr bool kQInRegisters = Config::kQInRegisters;
   using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
+  static constexpr bool kPaddedHeadDim = Config::kPaddedHeadDim;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -176,6 +177,8 @@ struct Params {
   // only by a kernel with a modifier (Traits::ScoreMod). With softcap, scale and scale_log2 above
   // are the lse's and the exponent's factors (common::score_mod_launch), cap in place of scale.
   common::ScoreModArgs score_mod;
+  // PaddedHeadDim: the caller's head dim in 16-byte chunks (the columns the epilogue stores).
+  int32_t head_dim_chunks;
 };
 
 }  // namespace jagflash::kernels::fwd

@@ -39,6 +39,10 @@ namespace jagflash::kernels::fwd {
 //   TileConfig<Element, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>
 // ScoreModifier<kind>: the score modifier the kernel applies (kernels/common/score_mod.cuh);
 //   none by default, which compiles to the kernel without one.
+// PaddedHeadDim: the caller's head dim is smaller than kHeadDim (a multiple of 8 below it): the
+//   TMA's box is kHeadDim wide over a tensor of the caller's width, so the missing columns of
+//   Q, K, V arrive as zeros (its out-of-bounds fill; nothing is copied) and add nothing to S or O,
+//   and the epilogue stores only the caller's columns (Params::head_dim_chunks).
 struct PingPong {};
 struct QInRegisters {};
 template <int kKeys>
@@ -49,6 +53,7 @@ template <int kCount>
 struct Pairs {};
 template <jf_score_mod kKind>
 struct ScoreModifier {};
+struct PaddedHeadDim {};
 
 namespace detail {
 // Folds the option tags over the defaults: each level overrides (hides) one member of the rest.
@@ -62,6 +67,7 @@ struct TileOptions<> {
   static constexpr int kWarpgroups = 2;
   static constexpr int kPairs = 1;
   static constexpr jf_score_mod kScoreMod = JF_SCORE_MOD_NONE;
+  static constexpr bool kPaddedHeadDim = false;
 };
 template <class... Rest>
 struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
@@ -87,6 +93,10 @@ template <jf_score_mod kKind, class... Rest>
 struct TileOptions<ScoreModifier<kKind>, Rest...> : TileOptions<Rest...> {
   static constexpr jf_score_mod kScoreMod = kKind;
 };
+template <class... Rest>
+struct TileOptions<PaddedHeadDim, Rest...> : TileOptions<Rest...> {
+  static constexpr bool kPaddedHeadDim = true;
+};
 }  // namespace detail
 
 template <class Element_, int kHeadDim_, class... Options>
@@ -99,6 +109,7 @@ struct TileConfig {
   static constexpr int kPairs = Chosen::kPairs;
   static constexpr bool kQInRegisters = Chosen::kQInRegisters;
   static constexpr jf_score_mod kScoreMod = Chosen::kScoreMod;
+  static constexpr bool kPaddedHeadDim = Chosen::kPaddedHeadDim;
   static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;

@@ -86,13 +86,16 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  // D = 256: one shape (tile_config.hpp: shared memory); only the schedule knob applies.
-  if (a.problem.q.head_dim == 256) {
+  // D = 256 (and the head dims above 128 it serves padded): one shape (tile_config.hpp: shared
+  // memory); only the schedule knob applies.
+  if (a.problem.q.head_dim > 128) {
     v.block_n = 32;
     return v;
   }
-  // A score modifier: the default tile (its kernels are instantiated for that one alone).
-  if (a.problem.score_mod != JF_SCORE_MOD_NONE) return v;
+  // A score modifier, or a head dim below the kernel's (padded): the default tile (their kernels
+  // are instantiated for that one alone).
+  const int32_t d = a.problem.q.head_dim;
+  if (a.problem.score_mod != JF_SCORE_MOD_NONE || (d != 64 && d != 128)) return v;
   if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;

@@ -1,0 +1,243 @@
+// GPU tests of the head dims the Hopper kernels serve padded (a multiple of 8 below 64, 128 or
+// 256: the TMA's box of the kernel's width zero-fills the missing columns, and only the caller's
+// are stored): forward (out, lse) and, up to 128, backward (dq, dk, dv) against the CPU float64
+// reference, bf16 and fp16, lengths 0 and 1, q != kv, GQA, every mask; the inputs' row padding
+// poisoned with NaN (never read) and the outputs' (never written); bitwise repeats in the
+// deterministic mode; AUTO picks the Hopper kernels; what no path serves is refused naming the
+// head dim, with nothing written.
+#include "core/dtype.hpp"
+#include "testing/gpu_batch.hpp"
+
+#include <jagflash/jagflash.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace jagflash {
+namespace {
+
+using testing::BatchSpec;
+using testing::DeviceBuffer;
+using testing::GpuBatch;
+
+std::string label(const BatchSpec& s) {
+  return "D=" + std::to_string(s.head_dim) + " " + dtype_name(s.dtype) + " mask=" + std::to_string(s.mask) +
+         " H=" + std::to_string(s.heads) + "/" + std::to_string(s.heads_kv) +
+         " seed=" + std::to_string(s.seed);
+}
+
+jf_backend served_by(const GpuBatch& g, jf_direction direction) {
+  const jf_problem p = g.problem();
+  jf_launch l{};
+  jf_backend b = JF_BACKEND_AUTO;
+  EXPECT_EQ(jagflash_query_backend(&p, &l, direction, &b), JF_OK) << jagflash_last_error();
+  return b;
+}
+
+// The row padding (the last row_pad elements of every row) of a device tensor, set to `value`.
+void fill_row_padding(DeviceBuffer& buffer, const jf_tensor& view, jf_dtype dtype, float value) {
+  const size_t elem = dtype_size(dtype);
+  std::vector<unsigned char> host(buffer.bytes());
+  buffer.to_host(host.data());
+  std::vector<unsigned char> one(elem);
+  DeviceBuffer scalar(elem);
+  testing::fill_buffer(scalar.get(), 1, dtype, value);
+  scalar.to_host(one.data());
+  const int64_t used = int64_t(view.heads) * view.head_dim;
+  for (int64_t r = 0; r < view.rows; ++r)
+    for (int64_t e = used; e < view.row_stride; ++e)
+      std::memcpy(host.data() + (r * view.row_stride + e) * elem, one.data(), elem);
+  testing::cuda_check(cudaMemcpy(buffer.get(), host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
+}
+
+// Whether every row-padding element of a device tensor is NaN (never written).
+bool row_padding_is_nan(const DeviceBuffer& buffer, const jf_tensor& view, jf_dtype dtype) {
+  std::vector<unsigned char> host(buffer.bytes());
+  buffer.to_host(host.data());
+  const int64_t used = int64_t(view.heads) * view.head_dim;
+  for (int64_t r = 0; r < view.rows; ++r)
+    for (int64_t e = used; e < view.row_stride; ++e) {
+      const int64_t i = r * view.row_stride + e;
+      uint16_t x;
+      std::memcpy(&x, host.data() + i * 2, 2);
+      const bool nan = dtype == JF_BF16 ? ((x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0)
+                                        : ((x & 0x7c00) == 0x7c00 && (x & 0x3ff) != 0);
+      if (!nan) return false;
+    }
+  return true;
+}
+
+BatchSpec awkward(int d, jf_dtype dtype, jf_mask mask, uint64_t seed) {
+  BatchSpec s;
+  s.len_q = {1, 63, 65, 200, 0, 2, 130};
+  s.len_kv = {2, 64, 63, 257, 5, 0, 130};
+  s.heads = 4;
+  s.heads_kv = 2;
+  s.head_dim = d;
+  s.dtype = dtype;
+  s.mask = mask;
+  if (mask == JF_MASK_WINDOW) {
+    s.window_left = 40;
+    s.window_right = 7;
+  }
+  s.row_pad = 8;
+  s.seed = seed;
+  return s;
+}
+
+// Forward (and with_backward, backward) with AUTO on the Hopper kernels, the inputs' row padding
+// NaN, then the reference on every sequence and the outputs' row padding still NaN.
+void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0) {
+  SCOPED_TRACE(label(s));
+  GpuBatch g = testing::make_gpu_batch(s);
+  for (auto [buffer, view] : {std::pair<DeviceBuffer*, const jf_tensor*>{&g.q, &g.q_view},
+                              {&g.k, &g.k_view},
+                              {&g.v, &g.v_view},
+                              {&g.dout, &g.dout_view}})
+    fill_row_padding(*buffer, *view, s.dtype, std::nanf(""));
+  EXPECT_EQ(served_by(g, JF_DIRECTION_FORWARD), JF_BACKEND_HOPPER);
+  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+  if (with_backward) {
+    EXPECT_EQ(served_by(g, JF_DIRECTION_BACKWARD), JF_BACKEND_HOPPER);
+    jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    ba.launch.deterministic = deterministic;
+    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> seqs(s.len_q.size());
+  for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
+  const testing::SampleCheck c = testing::check_sample_against_reference(g, seqs, with_backward);
+  EXPECT_TRUE(c.finite) << "an output element is NaN: unwritten, or poison read from the padding";
+  EXPECT_TRUE(c.lse_inf_match);
+  EXPECT_LE(c.out_rel, testing::forward_tolerance(s.dtype));
+  EXPECT_LE(c.lse_max_abs, 2e-2) << "lse";
+  EXPECT_TRUE(row_padding_is_nan(g.out, g.out_view, s.dtype)) << "out's row padding was written";
+  if (!with_backward) return;
+  EXPECT_LE(c.dq_rel, testing::backward_tolerance(s.dtype)) << "dq";
+  EXPECT_LE(c.dk_rel, testing::backward_tolerance(s.dtype)) << "dk";
+  EXPECT_LE(c.dv_rel, testing::backward_tolerance(s.dtype)) << "dv";
+  EXPECT_TRUE(row_padding_is_nan(g.dq, g.dq_view, s.dtype)) << "dq's row padding was written";
+  EXPECT_TRUE(row_padding_is_nan(g.dk, g.dk_view, s.dtype)) << "dk's row padding was written";
+  EXPECT_TRUE(row_padding_is_nan(g.dv, g.dv_view, s.dtype)) << "dv's row padding was written";
+}
+
+TEST(GpuHeadDims, PaddedUpTo128BothDirections) {
+  uint64_t seed = 200;
+  for (int d : {8, 32, 40, 72, 80, 96, 112})
+    for (jf_dtype dt : {JF_BF16, JF_FP16})
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW})
+        run_and_check(awkward(d, dt, mask, ++seed), /*with_backward=*/true);
+}
+
+TEST(GpuHeadDims, PaddedPast128Forward) {
+  uint64_t seed = 300;
+  for (int d : {136, 160, 192, 224})
+    for (jf_dtype dt : {JF_BF16, JF_FP16})
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) run_and_check(awkward(d, dt, mask, ++seed), false);
+}
+
+// Longer sequences (the forward's mask-free bulk, several Q blocks a backward tile, MQA) in both
+// backward modes.
+TEST(GpuHeadDims, LongerSequencesBothModes) {
+  for (int det : {0, 1})
+    for (int d : {80, 96}) {
+      BatchSpec s;
+      s.len_q = {1000, 700, 1};
+      s.len_kv = {1000, 1500, 3};
+      s.heads = 4;
+      s.heads_kv = 1;
+      s.head_dim = d;
+      s.mask = JF_MASK_CAUSAL;
+      s.seed = 400 + d + det;
+      run_and_check(s, /*with_backward=*/true, det);
+    }
+}
+
+// Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1).
+TEST(GpuHeadDims, SmallCaseForSanitizers) {
+  for (int d : {80, 192}) {
+    BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 500 + d);
+    s.len_q = {1, 65, 0, 130};
+    s.len_kv = {2, 63, 5, 130};
+    run_and_check(s, /*with_backward=*/d <= 128);
+  }
+}
+
+TEST(GpuHeadDims, DeterministicRepeatsAreBitwiseIdentical) {
+  BatchSpec s = awkward(80, JF_BF16, JF_MASK_NONE, 600);
+  s.len_q = {300, 17, 513};
+  s.len_kv = {300, 40, 513};
+  GpuBatch g = testing::make_gpu_batch(s);
+  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+  jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+  ba.launch.deterministic = 1;
+  std::vector<unsigned char> first[3];
+  for (int run = 0; run < 20; ++run) {
+    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const DeviceBuffer* bufs[3] = {&g.dq, &g.dk, &g.dv};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<unsigned char> h(bufs[i]->bytes());
+      bufs[i]->to_host(h.data());
+      if (run == 0)
+        first[i] = h;
+      else
+        ASSERT_EQ(std::memcmp(h.data(), first[i].data(), h.size()), 0) << "gradient " << i << " run " << run;
+    }
+  }
+}
+
+// What no path serves: JF_ERR_UNSUPPORTED naming the head dim (or the backend asked for), out and
+// the gradients untouched (still NaN).
+TEST(GpuHeadDims, RefusesWhatNoPathServes) {
+  struct Case {
+    const char* what;
+    int d;
+    jf_dtype dtype;
+    bool backward;
+    jf_score_mod mod;
+    jf_backend backend;
+    const char* field;
+  } cases[] = {
+      {"the backward at 192", 192, JF_BF16, true, JF_SCORE_MOD_NONE, JF_BACKEND_AUTO, "problem.q.head_dim"},
+      {"the backward at 192 on Hopper", 192, JF_BF16, true, JF_SCORE_MOD_NONE, JF_BACKEND_HOPPER,
+       "launch.backend"},
+      {"softcap at 80", 80, JF_BF16, false, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_AUTO, "problem.q.head_dim"},
+      {"fp32 at 80", 80, JF_FP32, false, JF_SCORE_MOD_NONE, JF_BACKEND_AUTO, "problem.q.head_dim"},
+      {"the oracle at 96", 96, JF_BF16, false, JF_SCORE_MOD_NONE, JF_BACKEND_ORACLE, "problem.q.head_dim"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    BatchSpec s = awkward(c.d, c.dtype, JF_MASK_NONE, 700);
+    s.row_pad = 0;
+    s.score_mod = c.mod;
+    s.softcap = c.mod == JF_SCORE_MOD_SOFTCAP ? 5.f : 0.f;
+    GpuBatch g = testing::make_gpu_batch(s);  // outputs NaN
+    const size_t elem = dtype_size(c.dtype);
+    std::vector<unsigned char> before(g.out.bytes()), after(g.out.bytes());
+    g.out.to_host(before.data());
+    jf_status status;
+    if (c.backward) {
+      jf_bwd_args ba = g.backward_args(c.backend);
+      status = jagflash_bwd(&ba);
+    } else {
+      const jf_fwd_args fa = g.forward_args(c.backend);
+      status = jagflash_fwd(&fa);
+    }
+    EXPECT_EQ(status, JF_ERR_UNSUPPORTED);
+    EXPECT_EQ(std::string(jagflash_last_error()).rfind(c.field, 0), 0u) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    g.out.to_host(after.data());
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size()), 0) << "out was written";
+    (void)elem;
+  }
+}
+
+}  // namespace
+}  // namespace jagflash
