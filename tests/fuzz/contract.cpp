@@ -88,6 +88,7 @@ class Judge {
       if (p.window_right != -1) add("problem.window_right", "-1 without JF_MASK_WINDOW");
     }
     if (!std::isfinite(p.scale)) add("problem.scale", "finite");
+    score_mod(p);
 
     const int offsets_check = enum_value(l.offsets_check);
     if (offsets_check != JF_CHECK_OFFSETS_HOST && offsets_check != JF_CHECK_OFFSETS_DEVICE)
@@ -134,6 +135,31 @@ class Judge {
     }
   }
 
+  // The score modifier: a jf_score_mod value; with SOFTCAP a cap that is finite and > 0, else a
+  // cap of 0; with ALIBI slopes that are non-null, float-aligned and (on the GPU) device memory,
+  // else NULL. The slopes' values are the caller's: any float is accepted.
+  void score_mod(const jf_problem& p) {
+    const int kind = enum_value(p.score_mod);
+    if (kind < JF_SCORE_MOD_NONE || kind > JF_SCORE_MOD_ALIBI) {
+      add("problem.score_mod", "one of the jf_score_mod values");
+      return;
+    }
+    if (kind == JF_SCORE_MOD_SOFTCAP) {
+      if (!std::isfinite(p.softcap) || !(p.softcap > 0.0f))
+        add("problem.softcap", "finite and > 0 with JF_SCORE_MOD_SOFTCAP");
+    } else if (p.softcap != 0.0f) {  // NaN included; -0 is 0
+      add("problem.softcap", "0 without JF_SCORE_MOD_SOFTCAP");
+    }
+    if (kind == JF_SCORE_MOD_ALIBI) {
+      if (p.alibi_slopes == nullptr) add("problem.alibi_slopes", "non-null with JF_SCORE_MOD_ALIBI");
+      if (reinterpret_cast<uintptr_t>(p.alibi_slopes) % alignof(float) != 0)
+        add("problem.alibi_slopes", "4-byte aligned (float32)");
+      pointer("problem.alibi_slopes", p.alibi_slopes);
+    } else if (p.alibi_slopes != nullptr) {
+      add("problem.alibi_slopes", "NULL without JF_SCORE_MOD_ALIBI");
+    }
+  }
+
   Span span(const jf_tensor& t) const {
     const int64_t bytes = t.data == nullptr ? 0 : view_bytes(t, elem_);
     if (bytes <= 0) return {};  // no elements, or broken fields another rule already names
@@ -150,6 +176,12 @@ class Judge {
     if (bytes > kI64Max) return {};
     const auto b = reinterpret_cast<uintptr_t>(lse);
     return {b, b + static_cast<uintptr_t>(bytes)};
+  }
+  // ALiBi's slopes, one float per query head: an input like q (outputs must not overlap them).
+  Span alibi_span(const jf_problem& p) const {
+    if (p.alibi_slopes == nullptr || p.q.heads <= 0) return {};
+    const auto b = reinterpret_cast<uintptr_t>(p.alibi_slopes);
+    return {b, b + static_cast<uintptr_t>(p.q.heads) * sizeof(float)};
   }
   Span offsets_span(const int32_t* o, int32_t batch_size) const {
     if (o == nullptr || batch_size < 0) return {};
@@ -267,7 +299,8 @@ Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present) {
               {"problem.k", j.span(p.k)},
               {"problem.v", j.span(p.v)},
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
-              {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)}});
+              {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
+              {"problem.alibi_slopes", j.alibi_span(p)}});
   return j.take();
 }
 
@@ -293,7 +326,8 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present) 
               {"dout", j.span(a->dout)},
               {"lse", j.lse_span(a->lse, p)},
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
-              {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)}});
+              {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
+              {"problem.alibi_slopes", j.alibi_span(p)}});
   return j.take();
 }
 

@@ -56,6 +56,30 @@ std::string values_text(const std::vector<int32_t>& v) {
   return s.str();
 }
 
+std::string floats_text(const std::vector<float>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i == 8) {
+      s << ",... (" << v.size() << " values)";
+      break;
+    }
+    s << (i ? "," : "") << v[i];
+  }
+  s << "]";
+  return s.str();
+}
+
+// ALiBi's usual slopes for H heads, 2^(-8 (i + 1) / H); at least one value, at most
+// kMaxAlibiSlopes (a head count past it gets fewer slopes than heads, so the call is not backed).
+constexpr int32_t kMaxAlibiSlopes = 4096;
+std::vector<float> alibi_slopes_for(int32_t heads) {
+  const int32_t n = std::clamp<int32_t>(heads, 1, kMaxAlibiSlopes);
+  std::vector<float> slopes(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) slopes[static_cast<size_t>(i)] = std::exp2(-8.0f * float(i + 1) / float(n));
+  return slopes;
+}
+
 std::string placement_text(const Placement& p) {
   std::ostringstream s;
   switch (p.kind) {
@@ -427,6 +451,78 @@ void mutate_pooled(CaseSpec& s, Rng& rng) {
   s.mutations.push_back("problem.pooled_q_rows = " + std::to_string(s.pooled_q_rows));
 }
 
+// The score modifier (jf_problem.score_mod, softcap, alibi_slopes): a kind out of range, a kind
+// its parameters are not for, a cap that is not finite and positive, the slopes NULL, misaligned,
+// wild or inside another buffer, slope values validation never reads (any float is accepted), or
+// (legally) a whole valid modifier.
+void mutate_score_mod(CaseSpec& s, Rng& rng) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int32_t heads = s.tensors[kQ].heads;
+  if (s.alibi_slopes.size() < static_cast<size_t>(std::clamp<int32_t>(heads, 1, kMaxAlibiSlopes)))
+    s.alibi_slopes = alibi_slopes_for(heads);
+  std::ostringstream m;
+  switch (rng.range(0, 5)) {
+    case 0:
+      s.score_mod = rng.pick({-1, 3, 7, kI32Min, kI32Max});
+      m << "problem.score_mod = " << s.score_mod;
+      break;
+    case 1:
+      s.score_mod = rng.pick({JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI});
+      m << "problem.score_mod = " << s.score_mod << " (softcap and slopes as they were)";
+      break;
+    case 2:
+      s.softcap = rng.pick({0.0f, -0.0f, -1.0f, nan, inf, -inf, 1e-30f, 3e38f, 30.0f});
+      m << "problem.softcap = " << s.softcap;
+      break;
+    case 3: {
+      Placement& p = s.alibi_place;
+      switch (rng.range(0, 4)) {
+        case 0:
+          p = Placement{Placement::kNull};
+          break;
+        case 1:
+          p = Placement{Placement::kOwn, -1, rng.pick<int64_t>({0, 1, 2, 3})};
+          break;
+        case 2:
+          p = Placement{Placement::kWild};
+          break;
+        default: {
+          const int target = pick_buffer(s, rng, -1);
+          p = Placement{Placement::kInto, target, offset_into(s, target, 4, rng)};
+          break;
+        }
+      }
+      m << "problem.alibi_slopes -> " << placement_text(p);
+      break;
+    }
+    case 4:
+      if (rng.chance(50)) {
+        std::fill(s.alibi_slopes.begin(), s.alibi_slopes.end(),
+                  rng.pick({nan, inf, -inf, -1.0f, 0.0f, 1e30f}));
+      } else {
+        for (float& x : s.alibi_slopes) x = static_cast<float>(rng.range(-4000, 4000)) / 1000.0f;
+      }
+      m << "problem.alibi_slopes values = " << floats_text(s.alibi_slopes) << " (validation reads none)";
+      break;
+    default:
+      if (rng.chance(50)) {
+        s.score_mod = JF_SCORE_MOD_SOFTCAP;
+        s.softcap = rng.pick({50.0f, 30.0f, 1.0f, 0.5f});
+        s.alibi_place = Placement{Placement::kNull};
+        m << "score modifier: softcap " << s.softcap << " (valid)";
+      } else {
+        s.score_mod = JF_SCORE_MOD_ALIBI;
+        s.softcap = 0.0f;
+        s.alibi_slopes = alibi_slopes_for(heads);
+        s.alibi_place = Placement{Placement::kOwn};
+        m << "score modifier: ALiBi, " << s.alibi_slopes.size() << " slopes (valid)";
+      }
+      break;
+  }
+  s.mutations.push_back(m.str());
+}
+
 void mutate_api(CaseSpec& s, Rng& rng) {
   if (rng.chance(50)) {
     s.args_null = true;
@@ -447,7 +543,7 @@ const WeightedMutation kMutations[] = {
     {7, mutate_rows},        {6, mutate_heads},           {5, mutate_head_dim},
     {7, mutate_head_stride}, {7, mutate_row_stride},      {10, mutate_data},
     {6, mutate_lse},         {5, mutate_launch},          {1, mutate_api},
-    {3, mutate_pooled},
+    {3, mutate_pooled},      {4, mutate_score_mod},
 };
 
 void mutate(CaseSpec& s, Rng& rng) {
@@ -553,6 +649,20 @@ CaseSpec generate_case(Rng& rng) {
     layout += ", pooled Lq " + std::to_string(s.pooled_q_rows) + " (q_offsets NULL)";
   }
 
+  // A score modifier in a fifth of the calls: a tanh softcap, or ALiBi with one slope per query
+  // head (its parameters' rules: jagflash.h, jf_problem.score_mod).
+  const int64_t modifier = rng.range(0, 9);
+  if (modifier == 0) {
+    s.score_mod = JF_SCORE_MOD_SOFTCAP;
+    s.softcap = rng.pick({50.0f, 30.0f, 1.0f, 0.5f});
+    layout += ", softcap " + std::to_string(s.softcap);
+  } else if (modifier == 1) {
+    s.score_mod = JF_SCORE_MOD_ALIBI;
+    s.alibi_slopes = alibi_slopes_for(h);
+    s.alibi_place = Placement{Placement::kOwn};
+    layout += ", ALiBi";
+  }
+
   s.mask = rng.pick({JF_MASK_NONE, JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW});
   if (s.mask == JF_MASK_WINDOW) {
     s.window_left = rng.pick({-1, 0, 1, 2, 5, 100});
@@ -637,6 +747,50 @@ std::vector<CaseSpec> regression_cases() {
   c = simple_case(Direction::kBackward, "problem.kv_offsets -> into dq+64B");
   c.kv_offsets_place = Placement{Placement::kInto, kDq, 64};
   cases.push_back(c);
+
+  // The score modifier's rules, one case each: the two valid modifiers, then each parameter
+  // broken (jagflash.h: a cap only with SOFTCAP, finite and > 0; slopes only with ALIBI, H
+  // float32, not overlapping an output).
+  for (Direction d : {Direction::kForward, Direction::kBackward}) {
+    const int output = d == Direction::kForward ? kOut : kDq;
+    auto softcap = [&](const char* what, int kind, float cap) {
+      CaseSpec m = simple_case(d, what);
+      m.score_mod = kind;
+      m.softcap = cap;
+      return m;
+    };
+    auto alibi = [&](const char* what, int kind, Placement place) {
+      CaseSpec m = simple_case(d, what);
+      m.score_mod = kind;
+      m.alibi_slopes = alibi_slopes_for(4);
+      m.alibi_place = place;
+      return m;
+    };
+    cases.push_back(softcap("softcap 30 (valid)", JF_SCORE_MOD_SOFTCAP, 30.0f));
+    cases.push_back(alibi("ALiBi, 4 slopes (valid)", JF_SCORE_MOD_ALIBI, Placement{Placement::kOwn}));
+    cases.push_back(softcap("problem.score_mod = 3", 3, 0.0f));
+    cases.push_back(softcap("problem.softcap = NaN with SOFTCAP", JF_SCORE_MOD_SOFTCAP,
+                            std::numeric_limits<float>::quiet_NaN()));
+    cases.push_back(softcap("problem.softcap = -0 with SOFTCAP", JF_SCORE_MOD_SOFTCAP, -0.0f));
+    cases.push_back(softcap("problem.softcap = 30 without a modifier", JF_SCORE_MOD_NONE, 30.0f));
+    cases.push_back(softcap("problem.softcap = 30 with ALIBI (slopes NULL)", JF_SCORE_MOD_ALIBI, 30.0f));
+    cases.push_back(
+        alibi("problem.alibi_slopes = NULL with ALIBI", JF_SCORE_MOD_ALIBI, Placement{Placement::kNull}));
+    cases.push_back(
+        alibi("problem.alibi_slopes -> own+2B", JF_SCORE_MOD_ALIBI, Placement{Placement::kOwn, -1, 2}));
+    cases.push_back(
+        alibi("problem.alibi_slopes set without a modifier", JF_SCORE_MOD_NONE, Placement{Placement::kOwn}));
+    c = alibi("problem.alibi_slopes set with SOFTCAP (cap 30)", JF_SCORE_MOD_SOFTCAP,
+              Placement{Placement::kOwn});
+    c.softcap = 30.0f;
+    cases.push_back(c);
+    cases.push_back(alibi("problem.alibi_slopes -> wild without a modifier (never read)", JF_SCORE_MOD_NONE,
+                          Placement{Placement::kWild}));
+    cases.push_back(alibi("problem.alibi_slopes -> into an output (overlap)", JF_SCORE_MOD_ALIBI,
+                          Placement{Placement::kInto, output, 0}));
+    cases.push_back(alibi("problem.alibi_slopes -> into problem.q (inputs may alias)", JF_SCORE_MOD_ALIBI,
+                          Placement{Placement::kInto, kQ, 64}));
+  }
   return cases;
 }
 
@@ -654,8 +808,9 @@ std::string CaseSpec::describe() const {
   for (const std::string& x : mutations) m << "\n    " << x;
   m << "\n  final: dtype " << dtype << " device " << device << " mask " << mask << " window (" << window_left
     << ", " << window_right << ") scale " << scale << " batch_size " << batch_size << " pooled_q_rows "
-    << pooled_q_rows << "\n    q_offsets " << values_text(q_offsets) << " " << placement_text(q_offsets_place)
-    << "\n    kv_offsets "
+    << pooled_q_rows << "\n    score_mod " << score_mod << " softcap " << softcap << " alibi_slopes "
+    << floats_text(alibi_slopes) << " " << placement_text(alibi_place) << "\n    q_offsets "
+    << values_text(q_offsets) << " " << placement_text(q_offsets_place) << "\n    kv_offsets "
     << (kv_offsets_alias_q ? "= q_offsets"
                            : values_text(kv_offsets) + " " + placement_text(kv_offsets_place));
   for (int b = 0; b < kTensorCount; ++b)
@@ -717,6 +872,15 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
     if (spec.batch_size >= 0 && offsets_values[i]->size() < static_cast<size_t>(spec.batch_size) + 1)
       backed_ = false;
   }
+  // The slopes: H floats read when the modifier is ALiBi (and never otherwise).
+  const size_t slope_bytes = spec.alibi_slopes.size() * sizeof(float);
+  if (spec.alibi_place.kind == Placement::kInto)
+    grow(spec.alibi_place.target, spec.alibi_place.byte_offset, static_cast<int64_t>(slope_bytes));
+  const int32_t heads = spec.tensors[kQ].heads;
+  if (spec.score_mod == JF_SCORE_MOD_ALIBI && spec.alibi_place.kind != Placement::kNull &&
+      (spec.alibi_place.kind == Placement::kWild ||
+       (heads > 0 && spec.alibi_slopes.size() < static_cast<size_t>(heads))))
+    backed_ = false;
 
   size_t cursor = 0;
   for (int b = 0; b < kBufferCount; ++b) {
@@ -754,6 +918,24 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   }
   if (spec.kv_offsets_alias_q) offsets_pointers[1] = offsets_pointers[0];
 
+  // The slopes: an exact-size block (misaligned by its offset), inside a region, wild or NULL.
+  const float* slopes = nullptr;
+  alibi_block_.name = "problem.alibi_slopes array";
+  const Placement& ap = spec.alibi_place;
+  if (ap.kind == Placement::kOwn) {
+    alibi_block_.size = slope_bytes + static_cast<size_t>(ap.byte_offset);
+    alibi_block_.data.reset(new unsigned char[alibi_block_.size]);
+    fill_pattern(alibi_block_.data.get(), alibi_block_.size, pattern_seed + 6);
+    std::memcpy(alibi_block_.data.get() + ap.byte_offset, spec.alibi_slopes.data(), slope_bytes);
+    slopes = reinterpret_cast<const float*>(alibi_block_.data.get() + ap.byte_offset);
+  } else if (ap.kind == Placement::kInto) {
+    if (static_cast<size_t>(ap.byte_offset) + slope_bytes > region_bytes_[ap.target]) std::abort();
+    std::memcpy(region_start(ap.target) + ap.byte_offset, spec.alibi_slopes.data(), slope_bytes);
+    slopes = reinterpret_cast<const float*>(region_start(ap.target) + ap.byte_offset);
+  } else if (ap.kind == Placement::kWild) {
+    slopes = static_cast<const float*>(place_pointer(ap, kBufferCount));  // its own wild address
+  }
+
   stream_block_.name = "launch.stream object";
   if (spec.stream_garbage) {
     stream_block_.size = 64;
@@ -782,6 +964,9 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   p.window_right = spec.window_right;
   p.scale = spec.scale;
   p.pooled_q_rows = spec.pooled_q_rows;
+  set_enum(p.score_mod, spec.score_mod);
+  p.softcap = spec.softcap;
+  p.alibi_slopes = slopes;
   jf_launch l{};
   l.stream = spec.stream_garbage ? stream_block_.data.get() : nullptr;
   set_enum(l.offsets_check, spec.offsets_check);
@@ -861,7 +1046,7 @@ void CallMemory::attach_workspace(const CaseSpec& spec, size_t queried) {
 
 void CallMemory::snapshot() {
   arena_saved_ = arena_storage_;
-  for (Block* b : {&q_offsets_block_, &kv_offsets_block_, &workspace_block_, &stream_block_})
+  for (Block* b : {&q_offsets_block_, &kv_offsets_block_, &alibi_block_, &workspace_block_, &stream_block_})
     b->saved.assign(b->data.get(), b->data.get() + b->size);
   std::memcpy(bytes_saved_, bytes_block_.get(), sizeof bytes_saved_);
 }
@@ -923,7 +1108,8 @@ std::string CallMemory::changed(Direction direction, bool outputs, bool query_re
     for (size_t i = 0; i < arena_storage_.size(); ++i)
       if (arena_storage_[i] != arena_saved_[i] && !writable[i]) return region_of(i);
   }
-  for (const Block* b : {&q_offsets_block_, &kv_offsets_block_, &workspace_block_, &stream_block_}) {
+  for (const Block* b :
+       {&q_offsets_block_, &kv_offsets_block_, &alibi_block_, &workspace_block_, &stream_block_}) {
     size_t allowed_begin = 0, allowed_end = 0;
     if (workspace && b == &workspace_block_ && fwd_.launch.workspace != nullptr) {
       allowed_begin = static_cast<size_t>(static_cast<unsigned char*>(fwd_.launch.workspace) - b->data.get());

@@ -61,6 +61,13 @@ struct CaseSpec {
   int32_t batch_size = 0, window_left = -1, window_right = -1;
   float scale = 0.0f;
   int32_t pooled_q_rows = 0;  // jf_problem.pooled_q_rows: Lq > 0 makes a pooled call
+  // The score modifier: jf_problem.score_mod as an int, softcap, and the ALiBi slopes as the
+  // caller holds them (`alibi_slopes` is what is allocated: never fewer than H values when
+  // `alibi_place` points at them, which no check could see), NULL unless placed.
+  int score_mod = JF_SCORE_MOD_NONE;
+  float softcap = 0.0f;
+  std::vector<float> alibi_slopes;
+  Placement alibi_place{Placement::kNull};
   // The offsets arrays as the caller holds them: `values` is what is allocated (its length may
   // differ from batch_size + 1, but is never shorter, which no check could see).
   std::vector<int32_t> q_offsets, kv_offsets;
@@ -82,7 +89,8 @@ struct CaseSpec {
 // A mostly valid call, then zero or more mutations.
 CaseSpec generate_case(Rng& rng);
 // Hand-written cases, run before the random ones in every run: each bug the fuzzer found, some of
-// which only a sanitizer sees (so no ordinary test could hold them).
+// which only a sanitizer sees (so no ordinary test could hold them), and one case per rule of the
+// score modifier (jf_problem.score_mod, softcap, alibi_slopes), valid and broken.
 std::vector<CaseSpec> regression_cases();
 // For a call that the contract accepts but whose views CallMemory cannot back (huge strides, a
 // wild pointer): breaks q_offsets[0] as well, so that a correct library rejects it after its
@@ -96,9 +104,10 @@ int64_t view_bytes(const jf_tensor& t, int elem);
 int element_bytes(int dtype);  // 4 for JF_FP32, else 2 (the library's rule for every other value)
 
 // The host memory of one case: an arena with a region per buffer, each followed by a guard, all
-// filled with a pattern from the case's seed; the offsets arrays, workspace, stream object and the
-// size query's output in exact-size heap blocks of their own (AddressSanitizer sees any access
-// past them). Every byte is compared with a snapshot after each call.
+// filled with a pattern from the case's seed; the offsets arrays, the ALiBi slopes, workspace,
+// stream object and the size query's output in exact-size heap blocks of their own
+// (AddressSanitizer sees any access past them). Every byte is compared with a snapshot after each
+// call.
 class CallMemory {
  public:
   CallMemory(const CaseSpec& spec, uint64_t pattern_seed);
@@ -141,7 +150,7 @@ class CallMemory {
   size_t arena_bytes_ = 0;
   size_t region_offset_[kBufferCount] = {};
   size_t region_bytes_[kBufferCount] = {};
-  Block q_offsets_block_, kv_offsets_block_, workspace_block_, stream_block_;
+  Block q_offsets_block_, kv_offsets_block_, alibi_block_, workspace_block_, stream_block_;
   std::unique_ptr<unsigned char[]> bytes_block_;  // guard, size_t, guard
   unsigned char bytes_saved_[2 * kGuard + sizeof(size_t)] = {};
   uint64_t pattern_seed_ = 0;
