@@ -95,6 +95,35 @@ struct KernelScoreMod {
   }
 };
 
+// ALiBi on a forward fragment as one FFMA a score: for a row whose columns all sit on one side of
+// the diagonal (every d <= 0, or every d >= 0: every block but the diagonal ones), |d| is +-d and the
+// bias -slope |d| = k (row_base + col_offset) with k = +-slope is linear in the column: the fragment
+// takes k col_offset(c) (an FFMA with an immediate) and the row's constant k row_base goes to
+// row_offset[r], which the softmax adds to the row's maximum and its exponents' offset
+// (OnlineSoftmax::update_with_row_offsets) at no cost a score. A row across the diagonal takes
+// the two-instruction form and offset 0. kMaxColOffset: the largest col_offset of the fragment.
+template <int kMaxColOffset, class TensorS, int kRows>
+__device__ __forceinline__ void alibi_with_row_offsets(TensorS& s_rc, float slope,
+                                                       const float (&row_base)[kRows],
+                                                       float (&row_offset)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const bool left = row_base[r] + float(kMaxColOffset) <= 0.f, right = row_base[r] >= 0.f;
+    if (left || right) {
+      const float k = left ? slope : -slope;
+#pragma unroll
+      for (int c = 0; c < size<1>(s_rc); ++c)
+        s_rc(r, c) = fmaf(k, float(AccumulatorCoords::col_offset(c)), s_rc(r, c));
+      row_offset[r] = k * row_base[r];
+    } else {
+#pragma unroll
+      for (int c = 0; c < size<1>(s_rc); ++c)
+        s_rc(r, c) = fmaf(-slope, fabsf(row_base[r] + float(AccumulatorCoords::col_offset(c))), s_rc(r, c));
+      row_offset[r] = 0.f;
+    }
+  }
+}
+
 // The host's side: the modifier's values for a launch with softmax scale `scale`, and the factors
 // the exponent and (forward) the lse take instead of the scale's.
 struct ScoreModLaunch {

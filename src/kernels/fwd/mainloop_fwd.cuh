@@ -238,8 +238,11 @@ struct Consumer {
       // The score modifier (none in the default kernels: nothing), applied to a block's raw scores
       // before the mask: forward, the fragment's rows are queries i and its columns keys j, the
       // diagonal offset d = j - i - (Lk - Lq).
+      // ALiBi takes its linear form off the diagonal (common::alibi_with_row_offsets): the rows'
+      // constants go to the softmax in row_offset.
       using Mod = typename Traits::ScoreMod;
       const float alibi_slope = Mod::raw_slope(p.score_mod, t.head);
+      [[maybe_unused]] float row_offset[kRows];
       auto modify_scores = [&](int32_t n) {
         if constexpr (!Mod::kNone) {
           float row_base[kRows];
@@ -248,9 +251,19 @@ struct Consumer {
             row_base[r] =
                 static_cast<float>(n * Traits::kBlockN + coords.col_base -
                                    (t.m_block * Traits::kBlockM + coords.row(r)) - (t.len_kv - t.len_q));
-          Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
+          if constexpr (Mod::kAlibi)
+            common::alibi_with_row_offsets<AccumulatorCoords::col_offset(decltype(size<1>(s_rc))::value - 1)>(
+                s_rc, alibi_slope, row_base, row_offset);
+          else
+            Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
         }
         (void)n;
+      };
+      auto softmax_update = [&] {
+        if constexpr (Mod::kAlibi)
+          softmax.update_with_row_offsets(s_rc, p.scale_log2, correction, row_offset);
+        else
+          softmax.update(s_rc, p.scale_log2, correction);
       };
       // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
       // bulk the mask policy proves mask-free) pay for it.
@@ -315,7 +328,7 @@ struct Consumer {
         ++k_uses;
         modify_scores(n_hi);
         if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
-        softmax.update(s_rc, p.scale_log2, correction);  // correction = 0: O is still zero
+        softmax_update();  // correction = 0: O is still zero
         convert_p();
       }
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
@@ -344,7 +357,7 @@ struct Consumer {
         ++k_uses;
         modify_scores(n);
         if (n > bulk_hi || n < bulk_lo) mask_block(n);
-        softmax.update(s_rc, p.scale_log2, correction);
+        softmax_update();
         trace.stamp(trace_thread, kTraceSoftmax);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);

@@ -45,28 +45,53 @@ struct OnlineSoftmax {
   // intra-warpgroup overlap the previous block's O += P V may still be running.
   template <class TensorS>
   __device__ void update(TensorS& s, float scale_log2, float (&correction)[kRows]) {
+    update_rows<false>(s, scale_log2, correction, nullptr);
+  }
+
+  // The same for a fragment whose row r holds its scores less row_offset[r] (raw units, this
+  // thread's own: ALiBi's linear form, common::alibi_with_row_offsets). The offset joins the row's
+  // maximum and the exponents' per-row term, so it costs no instruction a score.
+  template <class TensorS>
+  __device__ void update_with_row_offsets(TensorS& s, float scale_log2, float (&correction)[kRows],
+                                          const float (&row_offset)[kRows]) {
+    update_rows<true>(s, scale_log2, correction, row_offset);
+  }
+
+ private:
+  template <bool kRowOffsets, class TensorS>
+  __device__ void update_rows(TensorS& s, float scale_log2, float (&correction)[kRows],
+                              const float* row_offset) {
     static_assert(decltype(size<0>(s))::value == kRows, "row count mismatch");
     static_assert(decltype(size<1>(s))::value % 2 == 0, "columns come in pairs");
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // Two independent chains halve the dependent FMNMX latency of the row maximum.
-      float m0 = row_max[r], m1 = row_max[r];
+      // Two independent chains halve the dependent FMNMX latency of the row maximum. With row
+      // offsets the fragment holds scores less this thread's offset: its maximum takes the offset
+      // before the quad's (each thread of the quad has its own) and the running maximum after.
+      float m0 = kRowOffsets ? -INFINITY : row_max[r], m1 = m0;
 #pragma unroll
       for (int c = 0; c < size<1>(s); c += 2) {
         m0 = fmaxf(m0, s(r, c));
         m1 = fmaxf(m1, s(r, c + 1));
       }
-      const float m = quad_max(fmaxf(m0, m1));
+      float m;
+      if constexpr (kRowOffsets)
+        m = fmaxf(row_max[r], quad_max(fmaxf(m0, m1) + row_offset[r]));  // -inf + offset stays -inf
+      else
+        m = quad_max(fmaxf(m0, m1));
       // A row that has seen no key yet keeps -inf; exponents are taken against 0 then, so every
       // p is exp2(-inf) = 0 instead of NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      // The exponents' per-row term: -m (scaled), plus the row's offset with kRowOffsets.
+      float exp_offset = -m_scaled;
+      if constexpr (kRowOffsets) exp_offset = fmaf(row_offset[r], scale_log2, -m_scaled);
       correction[r] = exp2_ftz(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
       for (int c = 0; c < size<1>(s); c += 2) {
-        const float p0 = exp2_ftz(fmaf(s(r, c), scale_log2, -m_scaled));
-        const float p1 = exp2_ftz(fmaf(s(r, c + 1), scale_log2, -m_scaled));
+        const float p0 = exp2_ftz(fmaf(s(r, c), scale_log2, exp_offset));
+        const float p1 = exp2_ftz(fmaf(s(r, c + 1), scale_log2, exp_offset));
         s(r, c) = p0;
         s(r, c + 1) = p1;
         sum0 += p0;
@@ -76,6 +101,7 @@ struct OnlineSoftmax {
     }
   }
 
+ public:
   template <class TensorO>
   __device__ static void rescale(TensorO& o, const float (&correction)[kRows]) {
 #pragma unroll
