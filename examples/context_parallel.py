@@ -35,10 +35,9 @@ aten::_scaled_dot_product_flash_attention_for_cpu there, an op context paralleli
 sharding rule for ("does not have a sharding strategy registered"), so the example stands in for
 SDPA's CUDA branch with a function that calls aten::_scaled_dot_product_flash_attention, served by
 jagflash's CPU kernels (jagflash.registry.register_kernels("CPU")). The CPU run makes the same op
-calls as a GPU run, in fp32, on the float64 C++ reference. With 2 ranks its gradient check fails:
-the reference's backward recomputes P and delta over the keys of the call instead of reading the
-out and lse it is given, so a ring step's share of the gradient is wrong
-(python/tests/test_context_parallel.py pins this down); the GPU backwards read them.
+calls as a GPU run, in fp32, on the float64 C++ reference, whose backward takes P and delta from
+the merged out and lse it is given, as the GPU backwards do, so each ring step gets its block's
+share of the gradient (python/tests/test_context_parallel.py checks that contract).
 """
 import os
 import sys

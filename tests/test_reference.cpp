@@ -1,7 +1,9 @@
 // The CPU reference against independent float64 computations written here:
 //  - forward vs a dense per-sequence softmax(Q K^T) V that masks elementwise with
 //    MaskPolicy::visible (the reference iterates key_range instead);
-//  - backward vs central finite differences of that dense forward;
+//  - backward vs central finite differences of that dense forward; its contract with the caller
+//    (P from the given lse, delta from the given out): key blocks called with the out and lse of
+//    all the keys add up to the backward over all of them, and a row with lse = -inf adds nothing;
 //  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism;
 //  - every head dim (multiples of 8 up to 256) and a v head dim of its own, through the C API;
 //  - the score modifiers (tanh softcap, ALiBi) through the C API, against the dense forward with
@@ -485,8 +487,10 @@ TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(AllMasksHeads, ReferenceBackward, ::testing::ValuesIn(backward_cases()),
                          [](const ::testing::TestParamInfo<BackwardCase>& info) { return info.param.name; });
 
-// bf16/fp16 backward against the fp32 backward of the same (rounded) inputs: the math is float64
-// in both, so only the rounding of the gradients separates them.
+// bf16/fp16 backward against the fp32 backward of the same (rounded) inputs, both given the half
+// forward's out and lse (the backward takes delta from the out it is given, so an fp32 out would
+// change delta by out's rounding): the math is float64 in both, so only the rounding of the
+// gradients separates them.
 TEST(ReferenceBackwardDtypes, HalfPrecisionMatchesFp32OfSameInputs) {
   const std::vector<int32_t> len_q = {65, 0, 17, 129, 3};
   const std::vector<int32_t> len_kv = {31, 5, 0, 127, 64};
@@ -514,9 +518,12 @@ TEST(ReferenceBackwardDtypes, HalfPrecisionMatchesFp32OfSameInputs) {
           for (int d = 0; d < 64; ++d) dout_full.set(r, h, d, dout_half.get(r, h, d));
 
       ForwardResult fwd_half = run_forward(half, m, 0.0f, 0);
-      ForwardResult fwd_full = run_forward(full, m, 0.0f, 0);
+      HostTensor out_full = make_tensor(JF_FP32, half.total_q(), 4, 64);
+      for (int64_t r = 0; r < out_full.rows; ++r)
+        for (int h = 0; h < 4; ++h)
+          for (int d = 0; d < 64; ++d) out_full.set(r, h, d, fwd_half.out.get(r, h, d));
       const Grads got = run_backward(half, m, 0.0f, fwd_half.out, fwd_half.lse, dout_half, 0);
-      const Grads want = run_backward(full, m, 0.0f, fwd_full.out, fwd_full.lse, dout_full, 0);
+      const Grads want = run_backward(full, m, 0.0f, out_full, fwd_half.lse, dout_full, 0);
       const double tol = out_tolerance(dtype);
       // want carries its own float rounding, hence the extra 2^-23 in the bound.
       const double want_rounding = std::ldexp(1.0, -23);
@@ -525,6 +532,171 @@ TEST(ReferenceBackwardDtypes, HalfPrecisionMatchesFp32OfSameInputs) {
       expect_tensor_near(got.dv, to_dense(want.dv), tol, "dv", want_rounding);
       EXPECT_GT(max_abs(want.dk), 0.0);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backward's contract with its caller: P = exp(score - lse) and delta = rowsum(dO * O) from
+// the lse and out it is given, as the GPU backwards take them. Context parallelism (ring
+// attention) relies on it: it calls the backward once per K/V block with the out and lse of
+// attention over every block, and sums the blocks' dq and puts their dk, dv side by side.
+
+// The keys [first[b], first[b] + count[b]) of every sequence b of `whole`, as a batch of its own
+// (the same q and q_offsets; k and v rows packed, with row padding).
+HostBatch key_block(const HostBatch& whole, const std::vector<int32_t>& first,
+                    const std::vector<int32_t>& count) {
+  HostBatch block = whole;
+  block.kv_offsets = offsets_from_lengths(count);
+  for (HostTensor* t : {&block.k, &block.v}) {
+    const HostTensor& src = t == &block.k ? whole.k : whole.v;
+    *t = make_tensor(whole.dtype, block.total_kv(), src.heads, src.head_dim, 3);
+    for (size_t b = 0; b < count.size(); ++b)
+      for (int32_t j = 0; j < count[b]; ++j)
+        for (int h = 0; h < src.heads; ++h)
+          for (int d = 0; d < src.head_dim; ++d)
+            t->set(block.kv_offsets[b] + j, h, d, src.get(whole.kv_offsets[b] + first[b] + j, h, d));
+  }
+  return block;
+}
+
+struct ContractCase {
+  std::string name;
+  jf_dtype dtype;
+  float softcap;  // > 0: JF_SCORE_MOD_SOFTCAP (its score does not depend on where the key sits)
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const ContractCase& c) { return os << c.name; }
+
+class ReferenceBackwardContract : public ::testing::TestWithParam<ContractCase> {};
+
+// Two key blocks per sequence (one of them empty in some), each called with the out and lse of
+// attention over all the keys: dk and dv are the whole call's bitwise (every key's terms are the
+// same float64 products summed in the same order); dq, the sum of the blocks' rounded dq, is the
+// whole's within the roundings of the three. The control: each block with its own out and lse
+// (what a backward that ignored the given ones would see) is far off.
+TEST_P(ReferenceBackwardContract, KeyBlocksWithTheMergedOutAndLseAddUpToAllKeys) {
+  const ContractCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kH = 4, kHkv = 2, kD = 64;
+  const std::vector<int32_t> len_q = {37, 1, 0, 64, 5, 20, 9, 3};
+  const std::vector<int32_t> len_kv = {48, 17, 3, 0, 1, 129, 2, 31};
+  const std::vector<int32_t> split = {17, 0, 3, 0, 1, 64, 1, 30};  // block 0's keys per sequence
+  std::vector<int32_t> rest(len_kv.size()), zeros(len_kv.size(), 0);
+  for (size_t b = 0; b < len_kv.size(); ++b) rest[b] = len_kv[b] - split[b];
+  HostBatch whole = make_random_batch(len_q, len_kv, kH, kHkv, kD, c.dtype, c.seed, 8);
+  HostBatch blocks[2] = {key_block(whole, zeros, split), key_block(whole, split, rest)};
+  auto problem_of = [&](HostBatch& batch) {
+    jf_problem p = make_problem(batch, JF_MASK_NONE, -1, -1);
+    if (c.softcap > 0.0f) {
+      p.score_mod = JF_SCORE_MOD_SOFTCAP;
+      p.softcap = c.softcap;
+    }
+    return p;
+  };
+  auto forward = [&](HostBatch& batch, HostTensor& out, std::vector<float>& lse) {
+    out = make_tensor(c.dtype, batch.total_q(), kH, kD, 5);
+    lse.assign(static_cast<size_t>(kH * batch.total_q()), static_cast<float>(kSentinel));
+    reference::forward(forward_args(problem_of(batch), out, lse.data()));
+  };
+  auto backward = [&](HostBatch& batch, HostTensor& out, std::vector<float>& lse, HostTensor& dout) {
+    Grads g{make_tensor(c.dtype, batch.total_q(), kH, kD, 7),
+            make_tensor(c.dtype, batch.total_kv(), kHkv, kD, 7),
+            make_tensor(c.dtype, batch.total_kv(), kHkv, kD, 7)};
+    reference::backward(backward_args(problem_of(batch), out, dout, lse.data(), g.dq, g.dk, g.dv));
+    return g;
+  };
+
+  HostTensor out, dout = make_tensor(c.dtype, whole.total_q(), kH, kD, 2);
+  std::vector<float> lse;
+  std::mt19937_64 rng(c.seed ^ 0xc0ffeeULL);
+  dout.fill_random(rng);
+  forward(whole, out, lse);
+  const Grads want = backward(whole, out, lse, dout);
+  const Grads part[2] = {backward(blocks[0], out, lse, dout), backward(blocks[1], out, lse, dout)};
+
+  // dk, dv: block k's key j of sequence b is the whole's key kv_offsets[b] + first + j.
+  for (int k = 0; k < 2; ++k)
+    for (size_t b = 0; b < len_kv.size(); ++b) {
+      const int32_t first = k == 0 ? 0 : split[b];
+      for (int32_t j = 0; j < blocks[k].kv_offsets[b + 1] - blocks[k].kv_offsets[b]; ++j)
+        for (int h = 0; h < kHkv; ++h)
+          for (int d = 0; d < kD; ++d) {
+            const int64_t row = blocks[k].kv_offsets[b] + j, whole_row = whole.kv_offsets[b] + first + j;
+            ASSERT_EQ(part[k].dk.get(row, h, d), want.dk.get(whole_row, h, d))
+                << "dk of block " << k << " row " << row << " head " << h << " dim " << d;
+            ASSERT_EQ(part[k].dv.get(row, h, d), want.dv.get(whole_row, h, d))
+                << "dv of block " << k << " row " << row << " head " << h << " dim " << d;
+          }
+    }
+  EXPECT_GT(max_abs(want.dk), 0.0);
+
+  // dq: each of the three is its float64 sum rounded once to the dtype, so the blocks' sum is
+  // within u (|dq_0| + |dq_1| + |dq|) of the whole's, u the dtype's roundoff plus the float's.
+  const double u = (unit_roundoff(c.dtype) + std::ldexp(1.0, -24)) * (1.0 + 1e-6);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < whole.total_q(); ++r)
+    for (int h = 0; h < kH; ++h)
+      for (int d = 0; d < kD; ++d) {
+        const double a = part[0].dq.get(r, h, d), b = part[1].dq.get(r, h, d), w = want.dq.get(r, h, d);
+        if (!(std::abs(a + b - w) <= u * (std::abs(a) + std::abs(b) + std::abs(w)) + abs_slack(c.dtype)) &&
+            bad++ < 3)
+          ADD_FAILURE() << "dq (" << r << "," << h << "," << d << "): blocks " << a << " + " << b << " want "
+                        << w;
+      }
+  EXPECT_EQ(bad, 0) << "dq: elements outside the rounding bound";
+  EXPECT_GT(max_abs(want.dq), 0.0);
+
+  // The control: every block with the out and lse of its own forward.
+  HostTensor dq_control = make_tensor(JF_FP32, whole.total_q(), kH, kD);
+  for (HostBatch& block : blocks) {
+    HostTensor own_out;
+    std::vector<float> own_lse;
+    forward(block, own_out, own_lse);
+    const Grads g = backward(block, own_out, own_lse, dout);
+    for (int64_t r = 0; r < whole.total_q(); ++r)
+      for (int h = 0; h < kH; ++h)
+        for (int d = 0; d < kD; ++d) dq_control.set(r, h, d, dq_control.get(r, h, d) + g.dq.get(r, h, d));
+  }
+  EXPECT_GT(rel_error(dq_control, want.dq), 0.1) << "the blocks' own out and lse would give the same dq";
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ReferenceBackwardContract,
+                         ::testing::Values(ContractCase{"fp32", JF_FP32, 0.0f, 4100},
+                                           ContractCase{"bf16", JF_BF16, 0.0f, 4101},
+                                           ContractCase{"fp16_softcap2", JF_FP16, 2.0f, 4102}),
+                         [](const ::testing::TestParamInfo<ContractCase>& info) { return info.param.name; });
+
+// A row whose given lse is -inf sees no key: P = 0, so dq = 0 on it and it adds nothing to dk and
+// dv, exactly as if its dout were 0 (then every term it adds is an exact 0).
+TEST(ReferenceBackwardGivenLse, RowsWithLseMinusInfContributeNothing) {
+  const uint64_t seed = 4200;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr int kH = 4, kHkv = 2, kD = 64;
+  HostBatch batch = make_random_batch({9, 1, 20}, {12, 5, 17}, kH, kHkv, kD, JF_FP32, seed, 3);
+  const MaskCase m = all_masks()[4];
+  ForwardResult fwd = run_forward(batch, m, 0.0f, 0);
+  HostTensor dout = make_tensor(JF_FP32, batch.total_q(), kH, kD);
+  std::mt19937_64 rng(seed);
+  dout.fill_random(rng);
+  // Rows 0, 9 (the second sequence's only row) and 25, on heads 1 and 3.
+  std::vector<float> lse = fwd.lse;
+  HostTensor dout_zeroed = dout;
+  const int64_t total_q = batch.total_q();
+  for (int64_t r : {0, 9, 25})
+    for (int h : {1, 3}) {
+      lse[static_cast<size_t>(h * total_q + r)] = -std::numeric_limits<float>::infinity();
+      for (int d = 0; d < kD; ++d) dout_zeroed.set(r, h, d, 0.0);
+    }
+  const Grads got = run_backward(batch, m, 0.0f, fwd.out, lse, dout, 0);
+  const Grads want = run_backward(batch, m, 0.0f, fwd.out, fwd.lse, dout_zeroed, 0);
+  for (int64_t r = 0; r < total_q; ++r)
+    for (int h = 0; h < kH; ++h)
+      for (int d = 0; d < kD; ++d) ASSERT_EQ(got.dq.get(r, h, d), want.dq.get(r, h, d)) << "dq row " << r;
+  for (int h : {1, 3})
+    for (int d = 0; d < kD; ++d) ASSERT_EQ(got.dq.get(9, h, d), 0.0);
+  EXPECT_EQ(got.dk.bytes, want.dk.bytes);
+  EXPECT_EQ(got.dv.bytes, want.dv.bytes);
+  EXPECT_GT(max_abs(got.dk), 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------

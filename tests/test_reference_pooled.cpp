@@ -1,7 +1,9 @@
 // Pooled attention (jf_problem.pooled_q_rows) on the CPU, through the C API, against an
 // independent float64 computation: the query set repeated once per sequence and run through the
 // ordinary reference (itself checked against a dense naive computation in test_reference.cpp) in
-// fp32 storage, whose dq rows are then summed over the sequences in float64.
+// fp32 storage, whose dq rows are then summed over the sequences in float64. The repeated
+// backward is given the pooled call's out and lse (the values of its dtype), from which the
+// backward takes delta and P.
 //  - out, lse, dk, dv: the same float64 math on the same values, so fp32 is bitwise equal and
 //    bf16/fp16 within the output's rounding;
 //  - dq: within the final rounding plus 2^-24 of the sum of |row| over sequences (each repeated row
@@ -108,7 +110,8 @@ struct PooledCall {
   }
 };
 
-// The independent computation: q repeated per sequence, fp32, through the ordinary reference.
+// The independent computation: q repeated per sequence, fp32, through the ordinary reference; its
+// backward reads the pooled call's out (as fp32) and lse, so pc's forward must have run.
 struct Repeated {
   HostTensor out, dq_rows, dk, dv;  // dq_rows [B*Lq, H, D]: one row per (sequence, query)
   std::vector<float> lse;
@@ -123,7 +126,8 @@ Repeated run_repeated(const PooledCall& pc) {
     for (int i = 0; i < c.lq; ++i)
       for (int h = 0; h < c.H; ++h)
         for (int d = 0; d < c.D; ++d) q_rep.set(int64_t{b} * c.lq + i, h, d, pc.q.get(i, h, d));
-  HostTensor k = as_fp32(pc.k), v = as_fp32(pc.v), dout = as_fp32(pc.dout);
+  HostTensor k = as_fp32(pc.k), v = as_fp32(pc.v), dout = as_fp32(pc.dout), out = as_fp32(pc.out);
+  std::vector<float> lse = pc.lse;
   std::vector<int32_t> q_offsets(static_cast<size_t>(B) + 1);
   for (int32_t b = 0; b <= B; ++b) q_offsets[static_cast<size_t>(b)] = b * c.lq;
   std::vector<int32_t> kv_offsets = pc.kv_offsets;
@@ -136,7 +140,7 @@ Repeated run_repeated(const PooledCall& pc) {
       r.out, r.lse.data());
   set_score_mod(fwd.problem, c, pc.slopes);
   EXPECT_EQ(jagflash_fwd(&fwd), JF_OK) << jagflash_last_error();
-  const jf_bwd_args bwd = backward_args(fwd.problem, r.out, dout, r.lse.data(), r.dq_rows, r.dk, r.dv);
+  const jf_bwd_args bwd = backward_args(fwd.problem, out, dout, lse.data(), r.dq_rows, r.dk, r.dv);
   EXPECT_EQ(jagflash_bwd(&bwd), JF_OK) << jagflash_last_error();
   return r;
 }

@@ -5,11 +5,8 @@ and the flash-op contract that CP's ring relies on.
 CP's ring backward calls aten::_scaled_dot_product_flash_attention_backward once per K/V block
 with the out and lse of the whole row (merged over every block), and expects that block's share
 of the gradient: P_ij = exp(s_ij - lse_i) and delta_i = rowsum(dO_i * O_i) from what it is given.
-The GPU paths (the Hopper backward and the oracle) read lse and compute delta from out; the C++
-reference, which serves CPU tensors, recomputes P and delta over the keys it is given and ignores
-out and lse. So on the CPU the CP forward matches the unsplit model and the gradients do not:
-those tests are marked xfail(strict=True), and pass (failing the strict mark, to be removed) once
-the reference reads out and lse."""
+Every backward here honours it: the GPU paths (the Hopper backward and the oracle) and the C++
+reference, which serves CPU tensors, take P from the given lse and delta from the given out."""
 import math
 
 import pytest
@@ -19,9 +16,6 @@ from conftest import needs_cuda
 from test_distributed_cpu import by_check, run_script
 
 from jagflash import registry
-
-REFERENCE_IGNORES_OUT_AND_LSE = ("the C++ reference's backward (CPU tensors) recomputes P and delta over the keys it "
-                                 "is given, ignoring the out and lse it is passed; CP passes the merged ones")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,6 @@ def test_cp_output_and_loss_equal_the_unsplit_model_on_two_ranks(two_ranks):
         assert checks[name]["ok"], f"{name}: {checks[name]['detail_per_rank']}"
 
 
-@pytest.mark.xfail(strict=True, reason=REFERENCE_IGNORES_OUT_AND_LSE)
 def test_cp_gradients_equal_the_unsplit_model_on_two_ranks(two_ranks):
     _, output, records = two_ranks
     grad = by_check(records)["cp grad"]
@@ -55,8 +48,8 @@ def test_cp_training_step_ran_on_two_ranks(two_ranks):
 
 
 def test_cp_in_one_process_equals_the_unsplit_model(tmp_path):
-    """World size 1: a ring of one step, whose out and lse are the block's own, so the
-    reference's backward is right and every check holds."""
+    """World size 1: a ring of one step, whose out and lse are the block's own; every check
+    holds."""
     rc, output, records = run_script("context_parallel.py", ["--steps", "1", "--warmup", "0", "--rounds", "1"], 1,
                                      tmp_path)
     assert rc == 0, output[-4000:]
@@ -84,7 +77,7 @@ def kernels(request):
 
 
 @pytest.mark.parametrize("kernels", [
-    pytest.param("cpu", marks=pytest.mark.xfail(strict=True, reason=REFERENCE_IGNORES_OUT_AND_LSE)),
+    pytest.param("cpu"),
     pytest.param("cuda", marks=needs_cuda),
 ], indirect=True)
 @pytest.mark.parametrize("seed", [0, 1])

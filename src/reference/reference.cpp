@@ -150,20 +150,24 @@ double dot(const double* a, const double* b, int64_t n) {
   return acc;
 }
 
+// The modifier's score (at coords `at`, whose j is set here) of the scaled score of q_row against
+// key j; with dscore non-null, also the modifier's derivative there.
+double modified_score(const double* q_row, const std::vector<double>& k_f64, int64_t j, int64_t d_count,
+                      double scale, const ScoreMod& mod, ScoreCoords at, double* dscore = nullptr) {
+  const double s_scaled = scale * dot(q_row, k_f64.data() + j * d_count, d_count);
+  at.j = j;
+  if (dscore != nullptr) *dscore = mod.dscore(s_scaled, at);
+  return mod.score(s_scaled, at);
+}
+
 // Fills p[0 .. range.size()) with the softmax probabilities of query row q_row over the keys in
-// range, the scores being the modifier's of the scaled scores (at coords `at`, whose j is set per
-// key), and returns lse. With dscore non-null, also fills dscore[0 .. range.size()) with the
-// modifier's derivative at each key. The range must be non-empty.
+// range and returns lse. The range must be non-empty.
 double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range, int64_t d_count,
-                   double scale, const ScoreMod& mod, ScoreCoords at, std::vector<double>& p,
-                   double* dscore = nullptr) {
+                   double scale, const ScoreMod& mod, const ScoreCoords& at, std::vector<double>& p) {
   double m_i = -std::numeric_limits<double>::infinity();
   for (int64_t j = range.lo; j <= range.hi; ++j) {
-    const double s_scaled = scale * dot(q_row, k_f64.data() + j * d_count, d_count);
-    at.j = j;
-    const double s = mod.score(s_scaled, at);
+    const double s = modified_score(q_row, k_f64, j, d_count, scale, mod, at);
     p[static_cast<size_t>(j - range.lo)] = s;
-    if (dscore != nullptr) dscore[j - range.lo] = mod.dscore(s_scaled, at);
     m_i = std::max(m_i, s);
   }
   double l_i = 0.0;
@@ -212,52 +216,64 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
   }
 }
 
-// Per query row i and visible key j, with P recomputed exactly:
-//   dV_j += P_ij dO_i,  dP_ij = dO_i . V_j,  delta_i = sum_j P_ij dP_ij,
+// The backward takes the forward's statistics from the caller, as FlashAttention's backward (and
+// every GPU backward here) does: per query row i, lse_i from args.lse and O_i from args.out.
+// Per visible key j:
+//   P_ij = exp(score_ij - lse_i),  dV_j += P_ij dO_i,  dP_ij = dO_i . V_j,  delta_i = dO_i . O_i,
 //   dS_ij = P_ij (dP_ij - delta_i) dscore_ij,  dQ_i = scale sum_j dS_ij K_j,  dK_j += scale dS_ij Q_i,
-// where dscore_ij is the score modifier's derivative at the scaled score (1 without one).
-// delta comes from P and dP rather than from rowsum(dO * O) with the stored O, so the reference
-// carries no rounding of O.
+// where dscore_ij is the score modifier's derivative at the scaled score (1 without one). A row
+// with lse = -inf sees no key (P = 0) and contributes nothing.
+// Why the given lse and out rather than a softmax over this call's keys: a caller may split the
+// keys over several calls and pass each the statistics of the whole row. Context parallelism
+// (ring attention) calls the backward once per K/V block with the out and lse merged over every
+// block; with P and delta of the whole row, the blocks' dQ sum and their dK, dV concatenate to
+// the gradients over all keys, which a per-call softmax would not give. delta then carries the
+// rounding of O to the caller's dtype, as the GPU backwards' does; all else is float64.
 //
-// One (sequence, query head h), operands as contiguous [rows, width] buffers (q, k: D; v, dO: Dv):
-// adds the head's contributions to dq_f64 [lq, D] and to dk_f64 [lk, D], dv_f64 [lk, Dv], each
-// skipped when null.
+// One (sequence, query head h), operands as contiguous [rows, width] buffers (q, k: D; v, out,
+// dout: Dv); lse_row points at the sequence's first lse entry of head h: adds the head's
+// contributions to dq_f64 [lq, D] and to dk_f64 [lk, D], dv_f64 [lk, Dv], each skipped when null.
 struct HeadGrads {
   double* dq_f64;
   double* dk_f64;
   double* dv_f64;
 };
 
-void accumulate_head_backward(const std::vector<double>& q_f64, const std::vector<double>& do_f64,
-                              const std::vector<double>& k_f64, const std::vector<double>& v_f64,
-                              const SequenceSpan& s, int64_t d_count, int64_t dv_count,
-                              const MaskPolicy& mask, const ScoreMod& mod, int32_t h, double scale,
-                              HeadGrads grads, std::vector<double>& p, std::vector<double>& dp,
-                              std::vector<double>& dscore) {
+struct HeadOperands {
+  const std::vector<double>& q_f64;
+  const std::vector<double>& k_f64;
+  const std::vector<double>& v_f64;
+  const std::vector<double>& o_f64;
+  const std::vector<double>& do_f64;
+  const float* lse_row;
+};
+
+void accumulate_head_backward(const HeadOperands& in, const SequenceSpan& s, int64_t d_count,
+                              int64_t dv_count, const MaskPolicy& mask, const ScoreMod& mod, int32_t h,
+                              double scale, HeadGrads grads) {
   for (int64_t i = 0; i < s.lq; ++i) {
     const IndexRange range = mask.key_range(i, s.lq, s.lk);
-    if (range.empty()) continue;
-    const double* q_row = q_f64.data() + i * d_count;
-    const double* do_row = do_f64.data() + i * dv_count;
-    row_softmax(q_row, k_f64, range, d_count, scale, mod, {h, i, 0, s.lq, s.lk}, p, dscore.data());
-    double delta_i = 0.0;
-    for (int64_t j = range.lo; j <= range.hi; ++j) {
-      const size_t jj = static_cast<size_t>(j - range.lo);
-      dp[jj] = dot(do_row, v_f64.data() + j * dv_count, dv_count);
-      delta_i += p[jj] * dp[jj];
-    }
+    const double lse_i = static_cast<double>(in.lse_row[i]);
+    if (range.empty() || lse_i == -std::numeric_limits<double>::infinity()) continue;
+    const double* q_row = in.q_f64.data() + i * d_count;
+    const double* do_row = in.do_f64.data() + i * dv_count;
+    const double delta_i = dot(do_row, in.o_f64.data() + i * dv_count, dv_count);
     double* dq_row = grads.dq_f64 != nullptr ? grads.dq_f64 + i * d_count : nullptr;
+    const ScoreCoords at{h, i, 0, s.lq, s.lk};
     for (int64_t j = range.lo; j <= range.hi; ++j) {
-      const size_t jj = static_cast<size_t>(j - range.lo);
-      const double ds_ij = p[jj] * (dp[jj] - delta_i) * dscore[jj];
-      const double* k_row = k_f64.data() + j * d_count;
+      double dscore_ij = 1.0;
+      const double p_ij =
+          std::exp(modified_score(q_row, in.k_f64, j, d_count, scale, mod, at, &dscore_ij) - lse_i);
+      const double dp_ij = dot(do_row, in.v_f64.data() + j * dv_count, dv_count);
+      const double ds_ij = p_ij * (dp_ij - delta_i) * dscore_ij;
+      const double* k_row = in.k_f64.data() + j * d_count;
       if (dq_row != nullptr)
         for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
       if (grads.dk_f64 != nullptr) {
         double* dk_row = grads.dk_f64 + j * d_count;
         double* dv_row = grads.dv_f64 + j * dv_count;
         for (int64_t d = 0; d < d_count; ++d) dk_row[d] += scale * ds_ij * q_row[d];
-        for (int64_t d = 0; d < dv_count; ++d) dv_row[d] += p[jj] * do_row[d];
+        for (int64_t d = 0; d < dv_count; ++d) dv_row[d] += p_ij * do_row[d];
       }
     }
   }
@@ -271,24 +287,25 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   const SequenceSpan s = span_of(problem, task.batch);
   const int64_t d_count = problem.q.head_dim, dv_count = problem.v.head_dim;
   const int32_t group = problem.q.heads / problem.k.heads;
+  const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
   const ScoreMod mod = ScoreMod::from(problem);
   const bool own_dq = !is_pooled(problem);
 
-  std::vector<double> k_f64, v_f64, q_f64, do_f64, dq_f64;
-  std::vector<double> p(static_cast<size_t>(s.lk)), dp(static_cast<size_t>(s.lk)),
-      dscore(static_cast<size_t>(s.lk));
+  std::vector<double> k_f64, v_f64, q_f64, o_f64, do_f64, dq_f64;
   std::vector<double> dk_f64(static_cast<size_t>(s.lk * d_count), 0.0);
   std::vector<double> dv_f64(static_cast<size_t>(s.lk * dv_count), 0.0);
   load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
   load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
   for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
+    load_head<T>(args.out, s.out_begin, s.lq, h, o_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
     if (own_dq) dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, mod, h, scale,
-                             {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()}, p, dp, dscore);
+    const HeadOperands in{q_f64, k_f64, v_f64, o_f64, do_f64, args.lse + h * lse_rows + s.out_begin};
+    accumulate_head_backward(in, s, d_count, dv_count, mask, mod, h, scale,
+                             {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()});
     if (own_dq) store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
   }
   store_head<T>(args.dk, s.kv_begin, s.lk, task.kv_head, dk_f64);
@@ -304,24 +321,24 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
   const int64_t lq = problem.pooled_q_rows;
   const int64_t d_count = problem.q.head_dim, dv_count = problem.v.head_dim;
   const int32_t kv_head = h / (problem.q.heads / problem.k.heads);
+  const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
   const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
   const ScoreMod mod = ScoreMod::from(problem);
 
-  std::vector<double> q_f64, k_f64, v_f64, do_f64, p, dp, dscore;
+  std::vector<double> q_f64, k_f64, v_f64, o_f64, do_f64;
   std::vector<double> dq_f64(static_cast<size_t>(lq * d_count), 0.0);
   load_head<T>(problem.q, 0, lq, h, q_f64);
   for (int32_t b = 0; b < problem.batch_size; ++b) {
     const SequenceSpan s = span_of(problem, b);
     if (s.lk == 0) continue;
-    p.resize(static_cast<size_t>(s.lk));
-    dp.resize(static_cast<size_t>(s.lk));
-    dscore.resize(static_cast<size_t>(s.lk));
     load_head<T>(problem.k, s.kv_begin, s.lk, kv_head, k_f64);
     load_head<T>(problem.v, s.kv_begin, s.lk, kv_head, v_f64);
+    load_head<T>(args.out, s.out_begin, s.lq, h, o_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
-    accumulate_head_backward(q_f64, do_f64, k_f64, v_f64, s, d_count, dv_count, mask, mod, h, scale,
-                             {dq_f64.data(), nullptr, nullptr}, p, dp, dscore);
+    const HeadOperands in{q_f64, k_f64, v_f64, o_f64, do_f64, args.lse + h * lse_rows + s.out_begin};
+    accumulate_head_backward(in, s, d_count, dv_count, mask, mod, h, scale,
+                             {dq_f64.data(), nullptr, nullptr});
   }
   store_head<T>(args.dq, 0, lq, h, dq_f64);
 }

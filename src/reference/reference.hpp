@@ -15,10 +15,13 @@ namespace jagflash::reference {
 // lse = -inf.
 void forward(const jf_fwd_args& args);
 
-// backward: dq, dk, dv (input dtype). Recomputes the forward in float64 from q, k, v and uses
-// args.dout; args.out and args.lse are not needed for the math (they are validated by the API).
-// With GQA, dk/dv sum over the query heads of each group. Rows that see no key have zero
-// gradients; keys no query sees get dk = dv = 0. Pooled (problem.pooled_q_rows > 0): out, dout
+// backward: dq, dk, dv (input dtype), in float64 from q, k, v, args.dout and the forward's
+// statistics as the caller gives them, as the GPU backwards take them: P = exp(score - lse) from
+// args.lse, delta = rowsum(dout * out) from args.out as stored. With the out and lse of attention
+// over more keys than this call's (merged over K/V blocks, as context parallelism passes them),
+// the result is this call's keys' share: the blocks' dq sum, their dk, dv concatenate. With GQA,
+// dk/dv sum over the query heads of each group. Rows that see no key, or whose lse is -inf, have
+// zero gradients; keys no query sees get dk = dv = 0. Pooled (problem.pooled_q_rows > 0): out, dout
 // and lse rows are sequence b's at b * Lq; dq [Lq, H, D] is the sum of every sequence's
 // contribution, added in sequence order in float64 and rounded once.
 void backward(const jf_bwd_args& args);
