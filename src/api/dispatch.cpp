@@ -2,6 +2,7 @@
 
 #include "api/device_error.hpp"
 #include "api/error.hpp"
+#include "api/offsets_check_device.hpp"
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
 #include "core/dtype.hpp"
@@ -26,7 +27,7 @@ namespace {
 // refusal, where the launch would fail with the runtime's "no kernel image".
 void require_oracle_image() {
   cudaFuncAttributes attributes{};
-  const cudaError_t err = oracle::portable_image(&attributes);
+  const cudaError_t err = portable_image(&attributes);
   if (err == cudaSuccess) return;
   cudaGetLastError();  // not sticky: clear it
   if (err == cudaErrorUnsupportedPtxVersion)
@@ -248,9 +249,8 @@ void run_forward(const jf_fwd_args& a) {
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
-                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
-                                             stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
+                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
     const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
@@ -281,9 +281,8 @@ void run_backward(const jf_bwd_args& a) {
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(oracle::launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows,
-                                             flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
-                                             stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
+                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     kernels::HopperBackwardLaunch launch{};
     launch.error_flag = flag;
@@ -333,7 +332,7 @@ void read_device_error(const void* workspace, void* stream) {
   // Reported here: a later call must not report the same failure again.
   int device = 0;
   JF_CUDA_CHECK(cudaGetDevice(&device));
-  oracle::clear_latched_offsets_error(device, flag);
+  clear_latched_offsets_error(device, flag);
   throw ApiError(JF_ERR_INVALID_ARGUMENT, device_check_failures(flag));
 }
 

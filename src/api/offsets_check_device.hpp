@@ -47,10 +47,3 @@ void clear_latched_offsets_error(int device, int32_t bits);
 cudaError_t portable_image(cudaFuncAttributes* attributes);
 
 }  // namespace jagflash::detail
-
-// Until dispatch.cpp calls them by these names: its calls still say oracle::.
-namespace jagflash::oracle {
-using detail::clear_latched_offsets_error;
-using detail::launch_offsets_check;
-using detail::portable_image;
-}  // namespace jagflash::oracle
