@@ -242,5 +242,47 @@ TEST(ForwardVariants, ScoreModifierTakesTheDefaultTile) {
   }
 }
 
+// A head dim below its kernel's (a multiple of 8 that is not 64, 128 or 256) runs that kernel
+// padded, instantiated for the default tile alone (fwd_launch.cuh run_forward_padded): two
+// warpgroups and 128-key blocks up to 128, the D = 256 kernel's 32-key blocks above. The chooser
+// must name that tile whatever would pick another at the kernel's own head dim: no mask (D = 64's
+// three warpgroups; at D = 128 it is the default tile anyway), a short hint, a small pooled query
+// set, every knob.
+TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
+  struct Input {
+    const char* what;
+    jf_mask mask;
+    int32_t hint, pooled_rows;
+    ForwardKnobs knobs;
+    bool differs_at_128;  // whether D = 128 itself picks another tile for it
+  };
+  const Input inputs[] = {
+      {"no mask", JF_MASK_NONE, 0, 0, ForwardKnobs{}, false},
+      {"a short hint", JF_MASK_CAUSAL, 100, 0, ForwardKnobs{}, true},
+      {"a small pooled query set", JF_MASK_WINDOW, 0, 16, ForwardKnobs{}, true},
+      {"every knob", JF_MASK_CAUSAL, 0, 0, every_knob(), true},
+  };
+  for (int head_dim : {8, 32, 40, 72, 96, 112, 136, 192, 248})
+    for (const Input& in : inputs) {
+      SCOPED_TRACE(testing::Message() << in.what << ": D=" << head_dim);
+      const int kernel_head_dim = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+      jf_fwd_args a = call(head_dim, in.mask);
+      a.launch.max_seqlen_hint = in.hint;
+      a.problem.pooled_q_rows = in.pooled_rows;
+      const ForwardVariant v = choose_forward_variant(a, in.knobs);
+      expect_default_tile(v, kernel_head_dim);
+      EXPECT_EQ(v.schedule, in.knobs.schedule);
+      if (kernel_head_dim == 256) continue;  // the D = 256 kernel has this one tile anyway
+      if (kernel_head_dim == 128 && !in.differs_at_128) continue;
+      jf_fwd_args own = call(kernel_head_dim, in.mask);
+      own.launch.max_seqlen_hint = in.hint;
+      own.problem.pooled_q_rows = in.pooled_rows;
+      const ForwardVariant unpadded = choose_forward_variant(own, in.knobs);
+      EXPECT_TRUE(unpadded.warpgroups != 2 || unpadded.block_n != 128 || unpadded.pairs != 1 ||
+                  unpadded.ping_pong)
+          << "at D = " << kernel_head_dim << " this case already takes the default tile";
+    }
+}
+
 }  // namespace
 }  // namespace jagflash
