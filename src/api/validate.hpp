@@ -15,7 +15,7 @@ namespace jagflash::detail {
 // stream is synchronised). `require_workspace`: false for the workspace-size queries; when true,
 // the workspace's first `workspace_needed` bytes must also be disjoint from every input and output,
 // and a GPU call fails if an earlier call on the current device failed its device offsets check
-// unreported (oracle::take_latched_offsets_error). Pointer locations are asked of the driver
+// unreported (take_latched_offsets_error). Pointer locations are asked of the driver
 // unless launch.caller_checked_pointers vouches for them.
 void validate_forward(const jf_fwd_args& args, size_t workspace_needed, bool require_workspace);
 void validate_backward(const jf_bwd_args& args, size_t workspace_needed, bool require_workspace);
