@@ -1,4 +1,4 @@
-// Pooled attention (jf_problem.pooled_q_rows, issue 17): the row counts it changes, in one place
+// Pooled attention (jf_problem.pooled_q_rows): the row counts it changes, in one place
 // for the validation, the dispatch, the reference and the oracle.
 #pragma once
 

@@ -148,7 +148,7 @@ JF_HD bool same_plan_key_either_order(PlanKey a, PlanKey b) {
   return same_plan_key(a, b);
 }
 // The device error flag's bit for a mismatched plan (the offsets check owns bits 0..5,
-// oracle::OffsetsError).
+// detail::OffsetsError in api/offsets_check_device.hpp).
 constexpr int32_t kPlanMismatchFlag = 1 << 6;
 
 // Static snake assignment: round r hands tiles [r*N, r*N+N) to SMs 0..N-1 (r even) or N-1..0
