@@ -6,6 +6,7 @@
 // deterministic mode; AUTO picks the Hopper kernels; what no path serves is refused naming the
 // head dim, with nothing written.
 #include "core/dtype.hpp"
+#include "gpu_call_checks.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -28,14 +29,6 @@ std::string label(const BatchSpec& s) {
   return "D=" + std::to_string(s.head_dim) + " " + dtype_name(s.dtype) + " mask=" + std::to_string(s.mask) +
          " H=" + std::to_string(s.heads) + "/" + std::to_string(s.heads_kv) +
          " seed=" + std::to_string(s.seed);
-}
-
-jf_backend served_by(const GpuBatch& g, jf_direction direction) {
-  const jf_problem p = g.problem();
-  jf_launch l{};
-  jf_backend b = JF_BACKEND_AUTO;
-  EXPECT_EQ(jagflash_query_backend(&p, &l, direction, &b), JF_OK) << jagflash_last_error();
-  return b;
 }
 
 // The row padding (the last row_pad elements of every row) of a device tensor, set to `value`.
@@ -72,21 +65,7 @@ bool row_padding_is_nan(const DeviceBuffer& buffer, const jf_tensor& view, jf_dt
 }
 
 BatchSpec awkward(int d, jf_dtype dtype, jf_mask mask, uint64_t seed) {
-  BatchSpec s;
-  s.len_q = {1, 63, 65, 200, 0, 2, 130};
-  s.len_kv = {2, 64, 63, 257, 5, 0, 130};
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.head_dim = d;
-  s.dtype = dtype;
-  s.mask = mask;
-  if (mask == JF_MASK_WINDOW) {
-    s.window_left = 40;
-    s.window_right = 7;
-  }
-  s.row_pad = 8;
-  s.seed = seed;
-  return s;
+  return testing::awkward_batch(d, dtype, mask, seed);
 }
 
 // Forward (and with_backward, backward) with AUTO on the Hopper kernels, the inputs' row padding
@@ -99,28 +78,11 @@ void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0
                               {&g.v, &g.v_view},
                               {&g.dout, &g.dout_view}})
     fill_row_padding(*buffer, *view, s.dtype, std::nanf(""));
-  EXPECT_EQ(served_by(g, JF_DIRECTION_FORWARD), JF_BACKEND_HOPPER);
-  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
-  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-  if (with_backward) {
-    EXPECT_EQ(served_by(g, JF_DIRECTION_BACKWARD), JF_BACKEND_HOPPER);
-    jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-    ba.launch.deterministic = deterministic;
-    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<int32_t> seqs(s.len_q.size());
-  for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
-  const testing::SampleCheck c = testing::check_sample_against_reference(g, seqs, with_backward);
-  EXPECT_TRUE(c.finite) << "an output element is NaN: unwritten, or poison read from the padding";
-  EXPECT_TRUE(c.lse_inf_match);
-  EXPECT_LE(c.out_rel, testing::forward_tolerance(s.dtype));
-  EXPECT_LE(c.lse_max_abs, 2e-2) << "lse";
+  testing::run_on_hopper(g, with_backward, deterministic);
+  if (::testing::Test::HasFatalFailure()) return;
+  testing::expect_matches_reference(g, with_backward);
   EXPECT_TRUE(row_padding_is_nan(g.out, g.out_view, s.dtype)) << "out's row padding was written";
   if (!with_backward) return;
-  EXPECT_LE(c.dq_rel, testing::backward_tolerance(s.dtype)) << "dq";
-  EXPECT_LE(c.dk_rel, testing::backward_tolerance(s.dtype)) << "dk";
-  EXPECT_LE(c.dv_rel, testing::backward_tolerance(s.dtype)) << "dv";
   EXPECT_TRUE(row_padding_is_nan(g.dq, g.dq_view, s.dtype)) << "dq's row padding was written";
   EXPECT_TRUE(row_padding_is_nan(g.dk, g.dk_view, s.dtype)) << "dk's row padding was written";
   EXPECT_TRUE(row_padding_is_nan(g.dv, g.dv_view, s.dtype)) << "dv's row padding was written";

@@ -5,6 +5,7 @@
 // modifier is really applied (the result moves away from the unmodified one); bitwise repeats
 // in the deterministic mode; bad modifier arguments refused with nothing written.
 #include "core/dtype.hpp"
+#include "gpu_call_checks.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -39,59 +40,19 @@ std::vector<float> alibi_slopes(int heads, float gain = 1.f) {
   return s;
 }
 
-jf_backend served_by(const GpuBatch& g, jf_direction direction) {
-  const jf_problem p = g.problem();
-  jf_launch l{};
-  jf_backend b = JF_BACKEND_AUTO;
-  EXPECT_EQ(jagflash_query_backend(&p, &l, direction, &b), JF_OK) << jagflash_last_error();
-  return b;
-}
-
 // Forward (and, with_backward, backward) with AUTO, checked against the CPU reference.
 void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0) {
   SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
   GpuBatch g = testing::make_gpu_batch(s);
-  EXPECT_EQ(served_by(g, JF_DIRECTION_FORWARD), JF_BACKEND_HOPPER);
-  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
-  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-  if (with_backward) {
-    EXPECT_EQ(served_by(g, JF_DIRECTION_BACKWARD), JF_BACKEND_HOPPER);
-    jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-    ba.launch.deterministic = deterministic;
-    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
-  }
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<int32_t> seqs(s.len_q.size());
-  for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
-  const testing::SampleCheck c = testing::check_sample_against_reference(g, seqs, with_backward);
-  EXPECT_TRUE(c.finite) << "an output element was left unwritten (NaN poison survived) or is NaN";
-  EXPECT_TRUE(c.lse_inf_match);
-  EXPECT_LE(c.out_rel, testing::forward_tolerance(s.dtype));
-  EXPECT_LE(c.lse_max_abs, 2e-2) << "lse";
-  if (!with_backward) return;
-  EXPECT_LE(c.dq_rel, testing::backward_tolerance(s.dtype)) << "dq";
-  EXPECT_LE(c.dk_rel, testing::backward_tolerance(s.dtype)) << "dk";
-  EXPECT_LE(c.dv_rel, testing::backward_tolerance(s.dtype)) << "dv";
+  testing::run_on_hopper(g, with_backward, deterministic);
+  if (::testing::Test::HasFatalFailure()) return;
+  testing::expect_matches_reference(g, with_backward);
 }
 
-// Every sequence ending inside a tile, lengths 0, 1 and 2, q != kv, GQA, row padding; the inputs'
-// range makes the scaled scores reach past the cap (with U(-1, 1) inputs they stay below 1).
+// The awkward batch; tests of the softcap widen the inputs' range so the scaled scores reach past
+// the cap (with U(-1, 1) inputs they stay below 1).
 BatchSpec awkward(int head_dim, jf_dtype dtype, jf_mask mask, uint64_t seed) {
-  BatchSpec s;
-  s.len_q = {1, 63, 65, 200, 0, 2, 130};
-  s.len_kv = {2, 64, 63, 257, 5, 0, 130};
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.head_dim = head_dim;
-  s.dtype = dtype;
-  s.mask = mask;
-  if (mask == JF_MASK_WINDOW) {
-    s.window_left = 40;
-    s.window_right = 7;
-  }
-  s.row_pad = 8;
-  s.seed = seed;
-  return s;
+  return testing::awkward_batch(head_dim, dtype, mask, seed);
 }
 
 TEST(GpuScoreMod, SoftcapAgainstReference) {

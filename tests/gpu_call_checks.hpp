@@ -1,0 +1,76 @@
+// Shared by the GPU tests of the call variants (score modifiers, padded head dims): the awkward
+// batch they all run, which backend AUTO picks, one AUTO forward (+ backward) call, and the
+// comparison of its results with the CPU float64 reference.
+#pragma once
+
+#include "testing/gpu_batch.hpp"
+
+#include <jagflash/jagflash.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace jagflash::testing {
+
+// Every sequence ending inside a tile, lengths 0, 1 and 2, q != kv, GQA, row padding; a window
+// (40, 7) with JF_MASK_WINDOW.
+inline BatchSpec awkward_batch(int head_dim, jf_dtype dtype, jf_mask mask, uint64_t seed) {
+  BatchSpec s;
+  s.len_q = {1, 63, 65, 200, 0, 2, 130};
+  s.len_kv = {2, 64, 63, 257, 5, 0, 130};
+  s.heads = 4;
+  s.heads_kv = 2;
+  s.head_dim = head_dim;
+  s.dtype = dtype;
+  s.mask = mask;
+  if (mask == JF_MASK_WINDOW) {
+    s.window_left = 40;
+    s.window_right = 7;
+  }
+  s.row_pad = 8;
+  s.seed = seed;
+  return s;
+}
+
+inline jf_backend served_by(const GpuBatch& g, jf_direction direction) {
+  const jf_problem p = g.problem();
+  jf_launch l{};
+  jf_backend b = JF_BACKEND_AUTO;
+  EXPECT_EQ(jagflash_query_backend(&p, &l, direction, &b), JF_OK) << jagflash_last_error();
+  return b;
+}
+
+// One AUTO forward (and with_backward, backward in the given mode) on g, AUTO expected to pick
+// the Hopper kernels; synchronised.
+inline void run_on_hopper(GpuBatch& g, bool with_backward, int deterministic = 0) {
+  EXPECT_EQ(served_by(g, JF_DIRECTION_FORWARD), JF_BACKEND_HOPPER);
+  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+  if (with_backward) {
+    EXPECT_EQ(served_by(g, JF_DIRECTION_BACKWARD), JF_BACKEND_HOPPER);
+    jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+    ba.launch.deterministic = deterministic;
+    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// g's results on every sequence against the CPU reference (which evaluates the same modifier).
+inline void expect_matches_reference(const GpuBatch& g, bool with_backward) {
+  std::vector<int32_t> seqs(g.spec.len_q.size());
+  for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
+  const SampleCheck c = check_sample_against_reference(g, seqs, with_backward);
+  const jf_dtype dt = g.spec.dtype;
+  EXPECT_TRUE(c.finite) << "an output element is NaN: left unwritten, or poison read";
+  EXPECT_TRUE(c.lse_inf_match);
+  EXPECT_LE(c.out_rel, forward_tolerance(dt));
+  EXPECT_LE(c.lse_max_abs, 2e-2) << "lse";
+  if (!with_backward) return;
+  EXPECT_LE(c.dq_rel, backward_tolerance(dt)) << "dq";
+  EXPECT_LE(c.dk_rel, backward_tolerance(dt)) << "dk";
+  EXPECT_LE(c.dv_rel, backward_tolerance(dt)) << "dv";
+}
+
+}  // namespace jagflash::testing
