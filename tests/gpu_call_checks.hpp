@@ -1,6 +1,6 @@
 // Shared by the GPU tests of the call variants (score modifiers, padded head dims): the awkward
-// batch they all run, which backend AUTO picks, one AUTO forward (+ backward) call, and the
-// comparison of its results with the CPU float64 reference.
+// batch they all run, which backend AUTO picks, one AUTO forward (+ backward) call, the
+// comparison of its results with the CPU float64 reference, and the deterministic mode's repeats.
 #pragma once
 
 #include "testing/gpu_batch.hpp"
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace jagflash::testing {
@@ -71,6 +72,29 @@ inline void expect_matches_reference(const GpuBatch& g, bool with_backward) {
   EXPECT_LE(c.dq_rel, backward_tolerance(dt)) << "dq";
   EXPECT_LE(c.dk_rel, backward_tolerance(dt)) << "dk";
   EXPECT_LE(c.dv_rel, backward_tolerance(dt)) << "dv";
+}
+
+// The deterministic backward on g (its forward run first) `runs` times: dq, dk, dv bitwise
+// identical every time.
+inline void expect_deterministic_backward_repeats(GpuBatch& g, int runs) {
+  const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
+  ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+  jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+  ba.launch.deterministic = 1;
+  std::vector<unsigned char> first[3];
+  for (int run = 0; run < runs; ++run) {
+    ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const DeviceBuffer* bufs[3] = {&g.dq, &g.dk, &g.dv};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<unsigned char> h(bufs[i]->bytes());
+      bufs[i]->to_host(h.data());
+      if (run == 0)
+        first[i] = h;
+      else
+        ASSERT_EQ(std::memcmp(h.data(), first[i].data(), h.size()), 0) << "gradient " << i << " run " << run;
+    }
+  }
 }
 
 }  // namespace jagflash::testing

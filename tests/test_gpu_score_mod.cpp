@@ -168,25 +168,8 @@ TEST(GpuScoreMod, DeterministicRepeatsAreBitwiseIdentical) {
       if (mod == JF_SCORE_MOD_ALIBI) s.alibi_slopes = alibi_slopes(s.heads);
       SCOPED_TRACE(label(s));
       GpuBatch g = testing::make_gpu_batch(s);
-      const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
-      ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
-      jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-      ba.launch.deterministic = 1;
-      std::vector<unsigned char> first[3];
-      for (int run = 0; run < 20; ++run) {
-        ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const DeviceBuffer* bufs[3] = {&g.dq, &g.dk, &g.dv};
-        for (int i = 0; i < 3; ++i) {
-          std::vector<unsigned char> h(bufs[i]->bytes());
-          bufs[i]->to_host(h.data());
-          if (run == 0)
-            first[i] = h;
-          else
-            ASSERT_EQ(std::memcmp(h.data(), first[i].data(), h.size()), 0)
-                << "gradient " << i << " run " << run;
-        }
-      }
+      testing::expect_deterministic_backward_repeats(g, 20);
+      if (HasFatalFailure()) return;
     }
 }
 

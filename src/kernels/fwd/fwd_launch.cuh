@@ -124,32 +124,18 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
   }
 }
 
-// A call with a score modifier: two consumer warpgroups and 128-key blocks (32 at D = 256), the
-// default tile, whatever the knobs but the schedule (choose_forward_variant); one instantiation
-// per (dtype, head dim, modifier), each in its own translation unit.
-template <class Element, int kHeadDim, jf_score_mod kMod>
-cudaError_t run_forward_modified(const jf_fwd_args& a, const HopperForwardLaunch& launch,
-                                 cudaStream_t stream) {
-  static_assert(kMod != JF_SCORE_MOD_NONE, "run_forward serves calls without a modifier");
+// A call with a score modifier, or with a head dim below kHeadDim (PaddedHeadDim): the default
+// tile with that option (two consumer warpgroups, 128-key blocks; 32 at D = 256), whatever the
+// knobs but the schedule (choose_forward_variant); one instantiation per (dtype, head dim, option),
+// each in its own translation unit.
+template <class Element, int kHeadDim, class Option>
+cudaError_t run_forward_default_tile(const jf_fwd_args& a, const HopperForwardLaunch& launch,
+                                     cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
   if constexpr (kHeadDim == 256)
-    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, ScoreModifier<kMod>>>(a, launch,
-                                                                                          v.schedule, stream);
+    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, Option>>(a, launch, v.schedule, stream);
   else
-    return run_forward_variant<TileConfig<Element, kHeadDim, ScoreModifier<kMod>>>(a, launch, v.schedule,
-                                                                                   stream);
-}
-
-// A call whose head dim is below kHeadDim (a multiple of 8): the default tile with PaddedHeadDim,
-// no modifier.
-template <class Element, int kHeadDim>
-cudaError_t run_forward_padded(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  const ForwardVariant v = choose_forward_variant(a);
-  if constexpr (kHeadDim == 256)
-    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, PaddedHeadDim>>(a, launch, v.schedule,
-                                                                                    stream);
-  else
-    return run_forward_variant<TileConfig<Element, kHeadDim, PaddedHeadDim>>(a, launch, v.schedule, stream);
+    return run_forward_variant<TileConfig<Element, kHeadDim, Option>>(a, launch, v.schedule, stream);
 }
 
 // The entry point's body for one (dtype, kernel head dim, modifier, padded head dim).
@@ -157,11 +143,11 @@ template <class Element, int kHeadDim, jf_score_mod kMod, bool kPadded>
 cudaError_t run_forward_for(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   static_assert(!kPadded || kMod == JF_SCORE_MOD_NONE, "a padded head dim takes no modifier");
   if constexpr (kPadded)
-    return run_forward_padded<Element, kHeadDim>(a, launch, stream);
+    return run_forward_default_tile<Element, kHeadDim, PaddedHeadDim>(a, launch, stream);
   else if constexpr (kMod == JF_SCORE_MOD_NONE)
     return run_forward<Element, kHeadDim>(a, launch, stream);
   else
-    return run_forward_modified<Element, kHeadDim, kMod>(a, launch, stream);
+    return run_forward_default_tile<Element, kHeadDim, ScoreModifier<kMod>>(a, launch, stream);
 }
 
 }  // namespace jagflash::kernels::fwd
