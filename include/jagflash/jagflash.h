@@ -63,12 +63,35 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
  *           (bottom-right aligned like the masks: 0 on the causal diagonal, negative off it), one
  *           fp32 slope per query head in problem.alibi_slopes [H], in the memory q lives in.
  * For NONE, softcap must be 0 and alibi_slopes NULL; each kind leaves the other's field unset.
- * Served on CPU pointers only so far: on CUDA any kind but NONE is JF_ERR_UNSUPPORTED. */
+ * Served on CPU pointers and on CUDA (the Hopper kernels at head dim 64/128/256, backward 64/128;
+ * the oracle elsewhere, jagflash_query_backend). */
 typedef enum jf_score_mod {
   JF_SCORE_MOD_NONE = 0,
   JF_SCORE_MOD_SOFTCAP = 1,
   JF_SCORE_MOD_ALIBI = 2
 } jf_score_mod;
+
+/* Block-sparse attention (FlexAttention's BlockMask over a jagged batch, src/core/block_mask.hpp):
+ * which (query block, key block) pairs of JF_BLOCK_MASK_BLOCK x JF_BLOCK_MASK_BLOCK tokens of each
+ * sequence may attend, counted from the sequence's first query row and first key. Sequence b with
+ * nq = ceil(Lq_b / 128) query blocks and nk = ceil(Lk_b / 128) key blocks has its map at
+ * blocks + offsets[b]: nq x nk bytes, row-major (query block major), nonzero = visible. Query i
+ * sees key j when the mask (jf_mask) lets it AND the map's byte (i / 128, j / 128) is nonzero: a
+ * document or prefix-LM mask whose boundaries fall on block edges, or any pattern of blocks, with
+ * causal or a window inside them. A row that sees no key gets out = 0, lse = -inf (as with a
+ * window). Shared by every head.
+ *   blocks:  uint8, offsets[B] bytes, in the memory q lives in.
+ *   offsets: int32 [B+1], in the memory q lives in: offsets[0] == 0 and
+ *            offsets[b+1] - offsets[b] == nq_b * nk_b (checked like q_offsets, jf_offsets_check).
+ * Both NULL: no block mask. Not with pooled attention (JF_ERR_UNSUPPORTED). Time is proportional
+ * to the visible blocks: the kernels skip hidden ones and the schedule weighs sequences by them.
+ * Served on CPU pointers and on CUDA (the Hopper kernels at head dim 64/128 without a score
+ * modifier; the oracle elsewhere). */
+#define JF_BLOCK_MASK_BLOCK 128
+typedef struct jf_block_mask {
+  const uint8_t* blocks;
+  const int32_t* offsets;
+} jf_block_mask;
 
 /* How device offsets are validated (CPU calls always check them on the host, for free).
  *  HOST:   copied to the host and checked before anything runs: one copy and stream sync per
@@ -153,6 +176,8 @@ typedef struct jf_problem {
   jf_score_mod score_mod;
   float softcap;             /* JF_SCORE_MOD_SOFTCAP: the cap, finite and > 0; else 0 */
   const float* alibi_slopes; /* JF_SCORE_MOD_ALIBI: [H] fp32, one slope per query head; else NULL */
+  /* The block-sparse map (jf_block_mask above); zero-initialised, none. */
+  jf_block_mask block_mask;
 } jf_problem;
 
 typedef struct jf_launch {

@@ -75,8 +75,8 @@ inline void set_window(jf_problem& p, int32_t left, int32_t right) {
 
 // Score modifiers (jf_score_mod): a tanh softcap, cap * tanh(s / cap) of the scaled score s, or
 // ALiBi, s - slope_h * |i + Lk - Lq - j| with one fp32 slope per query head (slopes [H], in the
-// memory q lives in; read during the call only). Served on CPU views only so far: on CUDA memory
-// the calls throw Error with JF_ERR_UNSUPPORTED naming problem.score_mod.
+// memory q lives in; read during the call only). Served on CPU and CUDA views alike (jagflash.h
+// says which kernel serves which head dim).
 inline void set_softcap(jf_problem& p, float cap) {
   p.score_mod = JF_SCORE_MOD_SOFTCAP;
   p.softcap = cap;
@@ -87,6 +87,14 @@ inline void set_alibi(jf_problem& p, const float* slopes) {
   p.score_mod = JF_SCORE_MOD_ALIBI;
   p.softcap = 0.f;
   p.alibi_slopes = slopes;
+}
+
+// A block-sparse map (jf_block_mask): sequence b's ceil(Lq/128) x ceil(Lk/128) bytes at
+// blocks + offsets[b], nonzero = the (query block, key block) pair may attend; both in the memory
+// q lives in, read during the call only. Composes with the mask (causal, windows).
+inline void set_block_mask(jf_problem& p, const uint8_t* blocks, const int32_t* offsets) {
+  p.block_mask.blocks = blocks;
+  p.block_mask.offsets = offsets;
 }
 
 // Pooled attention (jf_problem.pooled_q_rows): q [lq, H, D] shared by every sequence, so no q
