@@ -56,6 +56,20 @@ class Tensor(ctypes.Structure):
     ]
 
 
+class BlockMask(ctypes.Structure):
+    """jf_block_mask: the block-sparse map, every sequence's ceil(Lq/128) x ceil(Lk/128) uint8 map
+    (row-major, nonzero = visible) at blocks + offsets[b]; offsets int32 [B+1]. Both NULL: none."""
+
+    _fields_ = [
+        ("blocks", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+    ]
+
+
+# JF_BLOCK_MASK_BLOCK: tokens per block of a block mask, both sides.
+BLOCK_MASK_BLOCK = 128
+
+
 class Problem(ctypes.Structure):
     """jf_problem: what forward and backward share."""
 
@@ -79,6 +93,8 @@ class Problem(ctypes.Structure):
         ("score_mod", c_enum),
         ("softcap", ctypes.c_float),
         ("alibi_slopes", ctypes.c_void_p),
+        # jf_block_mask: zero-initialised, no block mask.
+        ("block_mask", BlockMask),
     ]
 
 
@@ -128,6 +144,7 @@ class BwdArgs(ctypes.Structure):
 # (struct, C name) pairs, for the layout test.
 STRUCTS = [
     (Tensor, "jf_tensor"),
+    (BlockMask, "jf_block_mask"),
     (Problem, "jf_problem"),
     (Launch, "jf_launch"),
     (FwdArgs, "jf_fwd_args"),
