@@ -3,6 +3,8 @@
     out = jagflash.jagged_attention(q, k, v, q_offsets, causal=True)   # [total, H, D] + offsets
     out = jagflash.attention(q_nt, k_nt, v_nt)                         # torch.nested, jagged
     out = jagflash.pooled_attention(q_set, k, v, kv_offsets)           # one query set [Lq, H, D], pooled
+    mask = jagflash.BlockMask.from_fn(fn, q_offsets)                   # block-sparse: 128 x 128 blocks
+    out = jagflash.jagged_attention(q, k, v, q_offsets, block_mask=mask)
 
 CUDA tensors run the GPU path, CPU tensors the C++ float64 reference. The ops are registered as
 torch.ops.jagflash.fwd / .bwd (fake kernels and autograd included), so torch.compile with
@@ -22,6 +24,7 @@ from ._errors import InvalidArgumentError, JagflashError, UnsupportedError
 from ._lib import lib as _load_library
 from ._lib import library_path
 from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets, synchronize
+from .block_mask import BlockMask
 from .compat import flash_attn_varlen_func
 from .functional import attention, backend, jagged_attention, pooled_attention
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
@@ -37,6 +40,7 @@ def library_version() -> str:
 
 
 __all__ = [
+    "BlockMask",
     "DEFAULT_SEED",
     "DISTRIBUTIONS",
     "InvalidArgumentError",
