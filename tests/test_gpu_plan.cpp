@@ -202,5 +202,114 @@ TEST(GpuDevicePlan, FailedBuildClearsTheStoredKey) {
   EXPECT_EQ(stored.tag_and_tiles, 0);
 }
 
+// With a block-sparse map the plan weighs each sequence by its map's visible blocks (not its
+// q blocks x kv blocks): the pairs come heaviest map first (ties: lower batch), each sequence's
+// pairs together and all of them, from both builders, for the forward's pairs (map rows) and
+// the backward's (by_column: map columns, the plan's "q" side the keys).
+TEST(GpuDevicePlan, WeighsSequencesByTheirMapsVisibleBlocks) {
+  uint64_t state = 777;
+  auto next = [&state](uint32_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((state >> 33) % bound);
+  };
+  const std::vector<int32_t> len_q = {300, 0, 1, 1000, 129, 640, 128, 2000};
+  const std::vector<int32_t> len_kv = {500, 7, 0, 1000, 257, 100, 128, 1500};
+  const auto batch = static_cast<int32_t>(len_q.size());
+  std::vector<int32_t> map_off = {0};
+  std::vector<uint8_t> map;
+  std::vector<uint64_t> visible(batch, 0);
+  for (int32_t b = 0; b < batch; ++b) {
+    const int64_t entries = BlockMask::entries(len_q[b], len_kv[b]);
+    // Densities from 0 to 1 across the batch, so the map's order differs from the shapes' order.
+    const int32_t density = (b * 37) % 11;
+    for (int64_t e = 0; e < entries; ++e) {
+      const uint8_t v = next(10) < density ? static_cast<uint8_t>(1 + next(255)) : 0;
+      map.push_back(v);
+      visible[b] += v != 0;
+    }
+    map_off.push_back(static_cast<int32_t>(map.size()));
+  }
+  if (map.empty()) map.push_back(0);
+  DeviceBuffer d_map = DeviceBuffer::from_host(map), d_map_off = DeviceBuffer::from_host(map_off);
+  for (bool by_column : {false, true}) {
+    // The backward's plan runs over the keys: its "q" side is kv.
+    const std::vector<int32_t>& side_q = by_column ? len_kv : len_q;
+    const std::vector<int32_t>& side_kv = by_column ? len_q : len_kv;
+    const std::vector<int32_t> q_off = test::offsets_from_lengths(side_q),
+                               kv_off = test::offsets_from_lengths(side_kv);
+    constexpr int kTileM = BlockMask::kBlock, kTileN = 64;
+    const schedule::DevicePlanLayout layout =
+        schedule::DevicePlanLayout::make(0, batch, q_off.back(), kv_off.back(), kTileM, kTileN, true);
+    DeviceBuffer d_q = DeviceBuffer::from_host(q_off), d_kv = DeviceBuffer::from_host(kv_off);
+    DeviceBuffer flag = DeviceBuffer::from_host(std::vector<int32_t>{0});
+    const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
+    schedule::SequenceMap seq_map{};
+    seq_map.block_mask.blocks = d_map.as<uint8_t>();
+    seq_map.block_mask.offsets = d_map_off.as<int32_t>();
+    seq_map.by_column = by_column;
+    for (schedule::PlanBuilder builder : {schedule::PlanBuilder::kSmall, schedule::PlanBuilder::kLarge}) {
+      SCOPED_TRACE(std::string(by_column ? "by column" : "by row") +
+                   (builder == schedule::PlanBuilder::kSmall ? ", small builder" : ", large builder"));
+      DeviceBuffer workspace(layout.total_bytes);
+      ASSERT_EQ(cudaSuccess, cudaMemset(workspace.get(), 0x5a, layout.total_bytes));
+      DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
+      ASSERT_EQ(cudaSuccess,
+                schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
+                                             flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                             workspace.get(), layout, nullptr, false, builder, seq_map));
+      ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+      std::vector<char> ws(layout.total_bytes);
+      workspace.to_host(ws.data());
+      auto ints = [&](size_t offset) { return reinterpret_cast<const int32_t*>(ws.data() + offset); };
+      const int32_t pairs = *ints(layout.num_pairs);
+      int32_t expected_pairs = 0;
+      for (int32_t b = 0; b < batch; ++b) expected_pairs += (side_q[b] + kTileM - 1) / kTileM;
+      ASSERT_EQ(pairs, expected_pairs);
+      const auto* keys = reinterpret_cast<const uint64_t*>(ws.data() + layout.keys_out);
+      std::vector<int32_t> seen_pairs(batch, 0);
+      int32_t previous_batch = -1;
+      std::vector<bool> finished(batch, false);
+      for (int32_t i = 0; i < pairs; ++i) {
+        const int32_t pair = ints(layout.vals_out)[i];
+        ASSERT_GE(pair, 0);
+        ASSERT_LT(pair, pairs);
+        const int32_t b = ints(layout.pair_batch)[pair];
+        ASSERT_EQ(keys[i], ((visible[b] + 1) << layout.batch_bits) | static_cast<uint64_t>(batch - 1 - b))
+            << "position " << i << ": the key carries the map's visible blocks of sequence " << b;
+        if (b != previous_batch) {
+          ASSERT_FALSE(finished[b]) << "sequence " << b << "'s pairs are not together";
+          if (previous_batch >= 0) {
+            finished[previous_batch] = true;
+            const bool heavier = visible[previous_batch] > visible[b] ||
+                                 (visible[previous_batch] == visible[b] && previous_batch < b);
+            ASSERT_TRUE(heavier) << "sequence " << previous_batch << " (" << visible[previous_batch]
+                                 << " visible) before " << b << " (" << visible[b] << ")";
+          }
+          previous_batch = b;
+        }
+        ++seen_pairs[b];
+      }
+      for (int32_t b = 0; b < batch; ++b) EXPECT_EQ(seen_pairs[b], (side_q[b] + kTileM - 1) / kTileM);
+    }
+  }
+  // A map needs its room in the layout and map-sized pairs.
+  const std::vector<int32_t> off = {0, 256};
+  DeviceBuffer d_off = DeviceBuffer::from_host(off);
+  schedule::SequenceMap seq_map{};
+  seq_map.block_mask.blocks = d_map.as<uint8_t>();
+  seq_map.block_mask.offsets = d_map_off.as<int32_t>();
+  const schedule::DevicePlanLayout no_room = schedule::DevicePlanLayout::make(0, 1, 256, 256, 128, 128);
+  EXPECT_EQ(cudaErrorInvalidValue,
+            schedule::build_forward_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 128, 128, nullptr,
+                                         nullptr, schedule::PlanKey{}, nullptr, no_room, nullptr, false,
+                                         schedule::PlanBuilder::kAuto, seq_map));
+  const schedule::DevicePlanLayout small_tiles =
+      schedule::DevicePlanLayout::make(0, 1, 256, 256, 64, 128, true);
+  EXPECT_EQ(cudaErrorInvalidValue,
+            schedule::build_forward_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 64, 128, nullptr,
+                                         nullptr, schedule::PlanKey{}, nullptr, small_tiles, nullptr, false,
+                                         schedule::PlanBuilder::kAuto, seq_map));
+}
+
 }  // namespace
 }  // namespace jagflash

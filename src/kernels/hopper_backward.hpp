@@ -36,13 +36,15 @@ struct HopperBackwardEntry {
   jf_dtype dtype;
   int head_dim;
   jf_score_mod score_mod;
-  bool padded;  // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
+  bool padded;        // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
+  bool block_sparse;  // takes a block-sparse map (jf_block_mask)
   HopperBackwardFn run;
 };
 
-// The entry serving a caller's (dtype, head dim, score modifier): the kernel of the next head dim
-// up (kernel_head_dim), padded when below it; nullptr when this build has none.
-const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
+// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not): the kernel of the
+// next head dim up (kernel_head_dim), padded when below it; nullptr when this build has none.
+const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
+                                                bool block_sparse = false);
 
 // The backward's tile shape (the plan is built over KV blocks of kBackwardBlockN keys; each
 // visits Q blocks of kBackwardBlockM rows).

@@ -30,13 +30,15 @@ struct HopperForwardEntry {
   jf_dtype dtype;
   int head_dim;
   jf_score_mod score_mod;
-  bool padded;  // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
+  bool padded;        // serves the head dims below head_dim (multiples of 8), zero-filled by the TMA
+  bool block_sparse;  // takes a block-sparse map (jf_block_mask)
   HopperForwardFn run;
 };
 
-// The entry serving a caller's (dtype, head dim, score modifier): the kernel of the next head dim
-// up (kernel_head_dim), padded when below it; nullptr when this build has none.
-const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod);
+// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not): the kernel of the
+// next head dim up (kernel_head_dim), padded when below it; nullptr when this build has none.
+const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
+                                              bool block_sparse = false);
 
 // The kernel head dim that serves a caller's head dim d: 64, 128 or 256, the smallest not below d,
 // for d a multiple of 8 up to 256 (0 otherwise). Below it the kernel runs padded (PaddedHeadDim).

@@ -8,18 +8,19 @@
 #include <cutlass/numeric_types.h>
 
 // One entry point per (dtype, kernel head dim, variant): mod names it (none, softcap, alibi,
-// padded), kind is its jf_score_mod and padded whether it serves the head dims below the kernel's.
+// padded, sparse), kind is its jf_score_mod, padded whether it serves the head dims below the
+// kernel's and sparse whether it takes a block-sparse map.
 #define JF_HOPPER_FORWARD_DECLARE(dt, hd, mod)                                                     \
   namespace jagflash::kernels {                                                                    \
   cudaError_t hopper_forward_##dt##_hd##hd##_##mod(const jf_fwd_args&, const HopperForwardLaunch&, \
                                                    cudaStream_t);                                  \
   }
 
-#define JF_HOPPER_FORWARD_DEFINE(dt, hd, mod, kind, padded)                                            \
+#define JF_HOPPER_FORWARD_DEFINE(dt, hd, mod, kind, padded, sparse)                                    \
   namespace jagflash::kernels {                                                                        \
   cudaError_t hopper_forward_##dt##_hd##hd##_##mod(const jf_fwd_args& a, const HopperForwardLaunch& l, \
                                                    cudaStream_t s) {                                   \
-    return fwd::run_forward_for<hopper_##dt##_t, hd, kind, padded>(a, l, s);                           \
+    return fwd::run_forward_for<hopper_##dt##_t, hd, kind, padded, sparse>(a, l, s);                   \
   }                                                                                                    \
   }
 
@@ -29,11 +30,11 @@
                                                     cudaStream_t);                                   \
   }
 
-#define JF_HOPPER_BACKWARD_DEFINE(dt, hd, mod, kind, padded)                                             \
+#define JF_HOPPER_BACKWARD_DEFINE(dt, hd, mod, kind, padded, sparse)                                     \
   namespace jagflash::kernels {                                                                          \
   cudaError_t hopper_backward_##dt##_hd##hd##_##mod(const jf_bwd_args& a, const HopperBackwardLaunch& l, \
                                                     cudaStream_t s) {                                    \
-    return bwd::run_backward<hopper_##dt##_t, hd, kind, padded>(a, l, s);                                \
+    return bwd::run_backward<hopper_##dt##_t, hd, kind, padded, sparse>(a, l, s);                        \
   }                                                                                                      \
   }
 

@@ -73,19 +73,52 @@ __device__ __forceinline__ int32_t owner_of_pair(const int32_t* pair_offset, int
   return lo;
 }
 
+// The visible blocks of a block-sparse map in plan pair (b, block)'s map row (the forward) or
+// column (the backward: its plan's "q" side is the keys); lq, lk are the plan's sides.
+__device__ __forceinline__ uint32_t visible_blocks_of_pair(const SequenceMap& m, int32_t b, int32_t block,
+                                                           int32_t lq, int32_t lk) {
+  const int64_t real_lq = m.by_column ? lk : lq, real_lk = m.by_column ? lq : lk;
+  const int64_t nk = BlockMask::blocks_of(real_lk);
+  const int64_t count = m.by_column ? BlockMask::blocks_of(real_lq) : nk;
+  const int64_t stride = m.by_column ? nk : 1;
+  const uint8_t* first = m.block_mask.blocks + m.block_mask.offsets[b] + (m.by_column ? block : block * nk);
+  uint32_t visible = 0;
+  for (int64_t e = 0; e < count; ++e) visible += first[e * stride] != 0 ? 1u : 0u;
+  return visible;
+}
+
+// Adds each pair's visible map blocks to its sequence's weight (zeroed before): one thread a
+// pair, as fill_pairs_kernel.
+__global__ void map_weights_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                                   int64_t max_pairs, SequenceMap map, const int32_t* error_flag,
+                                   const int32_t* pair_offset, const int32_t* num_pairs, uint32_t* weights) {
+  if (*error_flag) return;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int32_t pairs = *num_pairs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < max_pairs && i < pairs; i += stride) {
+    const int32_t b = owner_of_pair(pair_offset, batch_size, static_cast<int32_t>(i));
+    const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+    const uint32_t visible = visible_blocks_of_pair(map, b, static_cast<int32_t>(i) - pair_offset[b], lq, lk);
+    if (visible != 0) atomicAdd(weights + b, visible);
+  }
+}
+
 // Pair i (< the pair count): its (batch, block) into pair_batch[i], pair_block[i], and its sort key
 // returned (the comment below says what the key orders).
+// weights: the sequences' weights from their block-sparse maps (null: q blocks x kv blocks).
 __device__ __forceinline__ uint64_t fill_pair(const int32_t* q_offsets, const int32_t* kv_offsets,
                                               int32_t batch_size, int tile_m, int tile_n, int batch_bits,
                                               bool first_block_first, const int32_t* pair_offset, int32_t i,
-                                              int32_t* pair_batch, int32_t* pair_block) {
+                                              int32_t* pair_batch, int32_t* pair_block,
+                                              const uint32_t* weights) {
   const int32_t b = owner_of_pair(pair_offset, batch_size, i);
   const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
   const int32_t blocks = (lq + tile_m - 1) / tile_m;
   pair_batch[i] = b;
   const int32_t pos = i - pair_offset[b];
   pair_block[i] = first_block_first ? pos : blocks - 1 - pos;
-  const uint64_t weight = sequence_weight(lq, lk, TileShape{tile_m, tile_n});
+  const uint64_t weight =
+      weights != nullptr ? weights[b] : sequence_weight(lq, lk, TileShape{tile_m, tile_n});
   return ((weight + 1u) << batch_bits) | static_cast<uint64_t>(batch_size - 1 - b);
 }
 
@@ -100,7 +133,8 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
                                   int tile_m, int tile_n, int batch_bits, int64_t max_pairs,
                                   bool first_block_first, const int32_t* error_flag,
                                   const int32_t* pair_offset, const int32_t* num_pairs, int32_t* pair_batch,
-                                  int32_t* pair_block, uint64_t* keys, int32_t* vals) {
+                                  int32_t* pair_block, uint64_t* keys, int32_t* vals,
+                                  const uint32_t* weights) {
   if (*error_flag) return;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int32_t pairs = *num_pairs;
@@ -111,7 +145,7 @@ __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_of
       continue;
     }
     keys[i] = fill_pair(q_offsets, kv_offsets, batch_size, tile_m, tile_n, batch_bits, first_block_first,
-                        pair_offset, static_cast<int32_t>(i), pair_batch, pair_block);
+                        pair_offset, static_cast<int32_t>(i), pair_batch, pair_block, weights);
   }
 }
 
@@ -128,7 +162,7 @@ __global__ void __launch_bounds__(kSmallThreads)
                       int tile_n, int batch_bits, int sort_end_bit, int64_t max_pairs, bool first_block_first,
                       const int32_t* error_flag, PlanKey* stored_key, PlanKey key, int32_t* num_pairs_out,
                       int32_t* tile_counter, int32_t* pair_batch, int32_t* pair_block, uint64_t* keys_out,
-                      int32_t* vals_out) {
+                      int32_t* vals_out, SequenceMap map) {
   if (threadIdx.x == 0) *stored_key = *error_flag ? PlanKey{} : key;
   if (*error_flag) return;
   using Scan = cub::BlockScan<int32_t, kSmallThreads>;  // scan_pair_offsets' scan
@@ -142,6 +176,21 @@ __global__ void __launch_bounds__(kSmallThreads)
   // Every thread gets the total; the scan's last __syncthreads published pair_offset.
   const int32_t pairs =
       scan_pair_offsets<kSmallThreads>(q_offsets, batch_size, tile_m, pair_offset, storage.scan);
+  // With a block-sparse map the sequences' weights first (map_weights_kernel's sums, here in
+  // shared memory: B <= max_pairs <= kSmallPlanMaxPairs).
+  __shared__ uint32_t weights[kSmallPlanMaxPairs];
+  const bool mapped = map.block_mask.present();
+  if (mapped) {
+    for (int32_t b = threadIdx.x; b < batch_size; b += kSmallThreads) weights[b] = 0u;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < pairs; i += kSmallThreads) {
+      const int32_t b = owner_of_pair(pair_offset, batch_size, i);
+      const int32_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+      const uint32_t visible = visible_blocks_of_pair(map, b, i - pair_offset[b], lq, lk);
+      if (visible != 0) atomicAdd(weights + b, visible);
+    }
+    __syncthreads();
+  }
   uint64_t keys[kSmallItems];
   int32_t vals[kSmallItems];
 #pragma unroll
@@ -149,7 +198,8 @@ __global__ void __launch_bounds__(kSmallThreads)
     const int32_t i = static_cast<int32_t>(threadIdx.x) * kSmallItems + j;
     vals[j] = i;
     keys[j] = i < pairs ? fill_pair(q_offsets, kv_offsets, batch_size, tile_m, tile_n, batch_bits,
-                                    first_block_first, pair_offset, i, pair_batch, pair_block)
+                                    first_block_first, pair_offset, i, pair_batch, pair_block,
+                                    mapped ? weights : nullptr)
                         : 0u;
   }
   // The sort's storage aliases the scan's, whose last use the loop's __syncthreads closed.
@@ -187,7 +237,7 @@ PlanBuilder builder_knob(PlanBuilder requested) {
 }  // namespace
 
 DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t total_q, int64_t total_kv,
-                                        int tile_m, int tile_n) {
+                                        int tile_m, int tile_n, bool block_mask) {
   DevicePlanLayout l;
   l.max_pairs = total_q / tile_m + batch_size + 1;
   // Key bits: the batch index, and above it the weight + 1 of the heaviest possible sequence
@@ -223,6 +273,7 @@ DevicePlanLayout DevicePlanLayout::make(size_t base, int32_t batch_size, int64_t
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(l.max_pairs), 0,
       l.sort_end_bit);
   l.sort_temp = take(l.sort_temp_bytes);
+  if (block_mask) l.map_weights = take(static_cast<size_t>(batch_size) * sizeof(uint32_t));
   l.total_bytes = cursor;
   return l;
 }
@@ -236,8 +287,10 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
                                PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream,
-                               bool first_block_first, PlanBuilder builder) {
+                               bool first_block_first, PlanBuilder builder, SequenceMap map) {
   builder = builder_knob(builder);
+  const bool mapped = map.block_mask.present();
+  if (mapped && (tile_m != BlockMask::kBlock || l.map_weights == 0)) return cudaErrorInvalidValue;
   const bool fits = l.max_pairs <= kSmallPlanMaxPairs;
   if (builder == PlanBuilder::kSmall && !fits) return cudaErrorInvalidValue;
   if (builder != PlanBuilder::kLarge && fits) {
@@ -246,7 +299,7 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
         first_block_first, error_flag, stored_key, key, at<int32_t>(workspace, l.num_pairs),
         at<int32_t>(workspace, l.tile_counter), at<int32_t>(workspace, l.pair_batch),
         at<int32_t>(workspace, l.pair_block), at<uint64_t>(workspace, l.keys_out),
-        at<int32_t>(workspace, l.vals_out));
+        at<int32_t>(workspace, l.vals_out), map);
     return cudaGetLastError();
   }
   count_pairs_kernel<<<1, kScanThreads, 0, stream>>>(q_offsets, batch_size, tile_m, error_flag, stored_key,
@@ -256,11 +309,21 @@ cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offse
   if (err != cudaSuccess) return err;
   const int fill_blocks =
       static_cast<int>((l.max_pairs + 255) / 256 > 1024 ? 1024 : (l.max_pairs + 255) / 256);
+  uint32_t* weights = mapped ? at<uint32_t>(workspace, l.map_weights) : nullptr;
+  if (mapped) {
+    err = cudaMemsetAsync(weights, 0, static_cast<size_t>(batch_size) * sizeof(uint32_t), stream);
+    if (err != cudaSuccess) return err;
+    map_weights_kernel<<<fill_blocks, 256, 0, stream>>>(q_offsets, kv_offsets, batch_size, l.max_pairs, map,
+                                                        error_flag, at<int32_t>(workspace, l.pair_offset),
+                                                        at<int32_t>(workspace, l.num_pairs), weights);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
   fill_pairs_kernel<<<fill_blocks, 256, 0, stream>>>(
       q_offsets, kv_offsets, batch_size, tile_m, tile_n, l.batch_bits, l.max_pairs, first_block_first,
       error_flag, at<int32_t>(workspace, l.pair_offset), at<int32_t>(workspace, l.num_pairs),
       at<int32_t>(workspace, l.pair_batch), at<int32_t>(workspace, l.pair_block),
-      at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in));
+      at<uint64_t>(workspace, l.keys_in), at<int32_t>(workspace, l.vals_in), weights);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   // Radix sort is stable: a sequence's pairs (equal keys) keep their fill order, so the plan is

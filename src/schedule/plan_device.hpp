@@ -5,6 +5,7 @@
 // graph, and reusable by later calls with the same offsets (the plan lives in the workspace).
 #pragma once
 
+#include "core/block_mask.hpp"
 #include "core/mask.hpp"
 #include "schedule/plan.hpp"
 
@@ -20,14 +21,16 @@ struct DevicePlanLayout {
   int64_t max_pairs = 0;  // sum over b of ceil(Lq_b / tile_m) <= total_q / tile_m + B
   size_t pair_offset = 0, num_pairs = 0, tile_counter = 0, pair_batch = 0, pair_block = 0;
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, sort_temp = 0;
+  size_t map_weights = 0;  // [B] uint32 with a block mask (its visible blocks), else unused
   size_t sort_temp_bytes = 0;
   int batch_bits = 1;     // low key bits: the batch index from the end
   int sort_end_bit = 64;  // the bits above: the sequence weight + 1, up to the heaviest possible
   size_t total_bytes = 0;
 
   // Offsets from `base` (a 256-byte aligned offset inside the workspace).
+  // block_mask: the plan weighs sequences by a block-sparse map's visible blocks (room for them).
   static DevicePlanLayout make(size_t base, int32_t batch_size, int64_t total_q, int64_t total_kv, int tile_m,
-                               int tile_n);
+                               int tile_n, bool block_mask = false);
 };
 
 struct DevicePlan {
@@ -56,11 +59,20 @@ constexpr int64_t kSmallPlanMaxPairs = 2048;
 // costliest), or with first_block_first first to last (the backward, whose "q blocks" are KV
 // blocks: under causal its first KV blocks are seen by the most queries). kSmall on a layout
 // whose max_pairs exceeds kSmallPlanMaxPairs returns cudaErrorInvalidValue.
+// SequenceMap: with a block-sparse map (BlockMask, present) a sequence weighs its visible map
+// blocks instead of its q blocks x kv blocks, so the heaviest-first order follows the work the
+// kernels do. The plan's pairs are then map rows (the forward: tile_m == BlockMask::kBlock) or,
+// with by_column (the backward, whose pairs are KV blocks), map columns (tile_m == kBlock too);
+// another tile_m returns cudaErrorInvalidValue. The layout must have been made with block_mask.
+struct SequenceMap {
+  BlockMask block_mask{};
+  bool by_column = false;
+};
 cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
                                PlanKey key, void* workspace, const DevicePlanLayout& layout,
                                cudaStream_t stream, bool first_block_first = false,
-                               PlanBuilder builder = PlanBuilder::kAuto);
+                               PlanBuilder builder = PlanBuilder::kAuto, SequenceMap map = {});
 
 // offsets[b] = b * rows_per_sequence for b <= batch_size: pooled attention's output rows (every
 // sequence has the shared query set's rows), read by the plan and the kernels as q_offsets.

@@ -35,17 +35,17 @@ void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("clear_latched
 }  // namespace jagflash::detail
 
 namespace jagflash::kernels {
-const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod) {
+const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod, bool) {
   gpu_path_reached("find_hopper_forward");
 }
-const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod) {
+const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod, bool) {
   gpu_path_reached("find_hopper_backward");
 }
 bool hopper_device_present() { gpu_path_reached("hopper_device_present"); }
 }  // namespace jagflash::kernels
 
 namespace jagflash::schedule {
-DevicePlanLayout DevicePlanLayout::make(size_t, int32_t, int64_t, int64_t, int, int) {
+DevicePlanLayout DevicePlanLayout::make(size_t, int32_t, int64_t, int64_t, int, int, bool) {
   gpu_path_reached("DevicePlanLayout::make");
 }
 cudaError_t fill_uniform_offsets(int32_t*, int32_t, int32_t, cudaStream_t) {

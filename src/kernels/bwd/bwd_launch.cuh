@@ -84,11 +84,15 @@ inline cudaError_t dq_tensor_map(CUtensorMap* map, float* base, uint64_t rows, i
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// kMod: the score modifier; kPadded: the caller's head dim is below kHeadDim (one instantiation
-// per (dtype, head dim, variant), each in its own translation unit).
-template <class Element, int kHeadDim, jf_score_mod kMod = JF_SCORE_MOD_NONE, bool kPadded = false>
+// kMod: the score modifier; kPadded: the caller's head dim is below kHeadDim; kSparse: a
+// block-sparse map (one instantiation per (dtype, head dim, variant), each in its own translation
+// unit).
+template <class Element, int kHeadDim, jf_score_mod kMod = JF_SCORE_MOD_NONE, bool kPadded = false,
+          bool kSparse = false>
 cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launch, cudaStream_t stream) {
-  using Config = TileConfig<Element, kHeadDim, kMod, kPadded>;
+  static_assert(int(kPadded) + int(kMod != JF_SCORE_MOD_NONE) + int(kSparse) <= 1,
+                "one option at a time: a modifier, a padded head dim or a block-sparse map");
+  using Config = TileConfig<Element, kHeadDim, kMod, kPadded, kSparse>;
   using Traits = KernelTraits<Config>;
   // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
   // dispatcher sizes the plan for this tile shape.
@@ -158,12 +162,16 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     // later, so first to last it waits (-37% measured at 3d07254); last to first with the turns
     // from the highest KV block down, every block's first Q blocks are its own turn first.
     const bool first_block_first = launch.dq_sems == nullptr;
-    err = launch.build_plan
-              ? schedule::build_forward_plan(pb.kv_offsets, pb.q_offsets, pb.batch_size, Config::kBlockN,
-                                             Config::kBlockM, launch.error_flag, launch.plan_key,
-                                             schedule::with_block_order(key, first_block_first),
-                                             launch.workspace, launch.plan, stream, first_block_first)
-              : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
+    // With a block-sparse map the sequences weigh their visible blocks (the plan's pairs are the
+    // map's columns).
+    schedule::SequenceMap map{};
+    if constexpr (kSparse) map = {BlockMask::from(pb), /*by_column=*/true};
+    err = launch.build_plan ? schedule::build_forward_plan(
+                                  pb.kv_offsets, pb.q_offsets, pb.batch_size, Config::kBlockN,
+                                  Config::kBlockM, launch.error_flag, launch.plan_key,
+                                  schedule::with_block_order(key, first_block_first), launch.workspace,
+                                  launch.plan, stream, first_block_first, schedule::PlanBuilder::kAuto, map)
+                            : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
     if (err != cudaSuccess) return err;
 
     Params<Traits> p{};
@@ -217,6 +225,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
       p.score_mod = mod.args;
       p.scale_log2 = mod.exp_factor;
     }
+    if constexpr (kSparse) p.block_mask = BlockMask::from(pb);
     p.error_flag = launch.error_flag;
     p.plan_key = launch.plan_key;
     p.expected_plan_key = key;

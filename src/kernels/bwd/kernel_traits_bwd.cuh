@@ -5,6 +5,7 @@
 // cute/tensor.hpp first: cute/atom/copy_atom.hpp does not compile without it before.
 #include <cute/tensor.hpp>
 
+#include "core/block_mask.hpp"
 #include "core/mask.hpp"
 #include "kernels/bwd/tile_config_bwd.hpp"
 #include "kernels/common/barriers.cuh"
@@ -39,6 +40,7 @@ struct KernelTraits {
   static constexpr int kDsBuffers = Config::kDsBuffers;
   using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
   static constexpr bool kPaddedHeadDim = Config::kPaddedHeadDim;
+  static constexpr bool kBlockSparse = Config::kBlockSparse;
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
   using HeadDim = Int<kHeadDim>;
@@ -238,6 +240,8 @@ struct Params {
   common::ScoreModArgs score_mod;
   // kPaddedHeadDim: the caller's head dim in 16-byte chunks (the columns dk, dv take).
   int32_t head_dim_chunks;
+  // kBlockSparse: the map (jf_block_mask); read only by a kernel built with it.
+  BlockMask block_mask;
 };
 
 }  // namespace jagflash::kernels::bwd

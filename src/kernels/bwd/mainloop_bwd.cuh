@@ -15,6 +15,7 @@
 #include "kernels/bwd/scheduler_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
+#include "kernels/common/block_sparse.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 
 #include <cutlass/arch/barrier.h>
@@ -48,6 +49,35 @@ __device__ __forceinline__ void load_stats(float* smem, const CUtensorMap* map, 
 __device__ __forceinline__ int32_t rotated_q_block(const TileInfo& t, int32_t i) {
   const int32_t m = i + (t.m_first - t.m_lo);
   return m > t.m_hi ? m - (t.m_hi - t.m_lo + 1) : m;
+}
+
+// Whether Q block m sees the tile's KV block at all: with kBlockSparse its map byte decides (read
+// from the tile and the map's offsets where it is asked, in 32-bit arithmetic: a 64-bit column
+// pointer kept across the consumers' loop pushed them into local memory), else always.
+template <class Traits>
+__device__ __forceinline__ bool q_block_visible(const Params<Traits>& p, const TileInfo& t, int32_t m) {
+  if constexpr (Traits::kBlockSparse) {
+    const int32_t key_blocks = (t.len_kv + BlockMask::kBlock - 1) / BlockMask::kBlock;
+    const int32_t at = p.block_mask.offsets[t.batch] +
+                       (m * Traits::kBlockM / BlockMask::kBlock) * key_blocks +
+                       t.n_block * Traits::kBlockN / BlockMask::kBlock;
+    return __ldg(p.block_mask.blocks + at) != 0;
+  } else {
+    return true;
+  }
+}
+
+// Deterministic mode with a block-sparse map: the turn of the tile's KV block among the visible
+// KV blocks of Q block m (of the mask's range `blocks`), in the plan's order of them.
+template <class Traits>
+__device__ __forceinline__ int32_t sparse_dq_turn(const Params<Traits>& p, const TileInfo& t, int32_t m,
+                                                  IndexRange blocks, bool descending) {
+  const uint8_t* row = p.block_mask.row(t.batch, m * Traits::kBlockM / BlockMask::kBlock, t.len_kv);
+  const int32_t lo = descending ? t.n_block + 1 : static_cast<int32_t>(blocks.lo);
+  const int32_t hi = descending ? static_cast<int32_t>(blocks.hi) : t.n_block - 1;
+  int32_t turn = 0;
+  for (int32_t n = lo; n <= hi; ++n) turn += row[n * Traits::kBlockN / BlockMask::kBlock] != 0 ? 1 : 0;
+  return turn;
 }
 
 template <class Traits>
@@ -122,6 +152,8 @@ struct Loader {
             tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo), group_modes<0, 2>(gDo));
         for (int32_t i = t.m_lo; i <= t.m_hi; ++i) {
           const int32_t m = rotated_q_block(t, i);
+          if (!q_block_visible(p, t, m))
+            continue;  // hidden by the block-sparse map (the consumers skip it too)
           const uint32_t stage = uses % kStages, round_q = uses / kStages;
           if (round_q > 0) EmptyBarrier::wait(&smem.q_empty[stage], (round_q - 1) & 1);
           FullBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
@@ -293,6 +325,8 @@ struct Consumer {
       for (int32_t h = t.head_lo; h < t.head_end; ++h) {
         for (int32_t i = t.m_lo; i <= t.m_hi; ++i) {
           const int32_t m = rotated_q_block(t, i);  // the Q block of the tile's i-th (from m_lo) step
+          // With a block-sparse map the Q blocks it hides are skipped, as the loader skips them.
+          if (!q_block_visible(p, t, m)) continue;
           const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
                          ds_buf = uses % Traits::kDsBuffers;
           const int32_t row0 = m * kBlockM;
@@ -303,7 +337,9 @@ struct Consumer {
           // counter into local memory at D = 128.)
           const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
           const bool computes = thread < 128 || upper_keys_seen;
-          const bool last_dp = i == t.m_hi && h == t.head_end - 1;
+          // The tile's last dP GEMM frees V early; with a block-sparse map the last visible step is
+          // not known ahead, so V is freed at the tile's end instead (below).
+          const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
           if (computes) {
             EmptyBarrier::wait(&smem.q_full[stage], phase);
             warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
@@ -459,8 +495,11 @@ struct Consumer {
                 // last, or last to first): this one's turn comes after those handed out before.
                 const IndexRange n = p.mask.kv_blocks_of_q_block(m, kBlockM, kBlockN, t.len_q, t.len_kv);
                 target.sem = h * p.total_q + t.q_start + row0;
-                target.sem_turn = smem.dq_turns_descending ? static_cast<int32_t>(n.hi) - t.n_block
-                                                           : t.n_block - static_cast<int32_t>(n.lo);
+                if constexpr (Traits::kBlockSparse)
+                  target.sem_turn = sparse_dq_turn(p, t, m, n, smem.dq_turns_descending);
+                else
+                  target.sem_turn = smem.dq_turns_descending ? static_cast<int32_t>(n.hi) - t.n_block
+                                                             : t.n_block - static_cast<int32_t>(n.lo);
               }
               smem.dq_target[dq_stage] = target;
             }
@@ -542,10 +581,10 @@ struct Consumer {
         }
       }
       // The tile's last dQ GEMM has read K (and its last dP GEMM V, freed there unless the tile
-      // had no Q block): the loader may bring the next tile's.
+      // had no Q block or a block-sparse map): the loader may bring the next tile's.
       __syncwarp();
       if (lane == 0) {
-        if (t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
+        if (Traits::kBlockSparse || t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
         EmptyBarrier::arrive(&smem.k_empty);
       }
       store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, cute::cast_smem_ptr_to_uint(smem.ds.data()),

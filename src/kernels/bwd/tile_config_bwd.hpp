@@ -21,14 +21,17 @@ namespace jagflash::kernels::bwd {
 // to the kernel without one. kPaddedHeadDim: the caller's head dim is below kHeadDim (a multiple of
 // 8): Q, K, V, dO arrive zero-filled past it (the TMA's out-of-bounds fill), the fp32 dQ
 // accumulator and partials keep kHeadDim columns, and only the caller's are read from O, dO and
-// written to dq, dk, dv (Params::head_dim_chunks).
+// written to dq, dk, dv (Params::head_dim_chunks). kBlockSparse: a block-sparse map
+// (jf_block_mask) says which Q blocks see the tile's KV block; the loader and the consumers skip
+// the others (common::QBlockFilter).
 template <class Element_, int kHeadDim_, jf_score_mod kScoreMod_ = JF_SCORE_MOD_NONE,
-          bool kPaddedHeadDim_ = false>
+          bool kPaddedHeadDim_ = false, bool kBlockSparse_ = false>
 struct TileConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr jf_score_mod kScoreMod = kScoreMod_;
   static constexpr bool kPaddedHeadDim = kPaddedHeadDim_;
+  static constexpr bool kBlockSparse = kBlockSparse_;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kConsumerWarpgroups = 2;
@@ -52,6 +55,8 @@ struct TileConfig {
   static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : 240;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward serves head dims 64 and 128");
+  static_assert(!kBlockSparse || (JF_BLOCK_MASK_BLOCK % kBlockM == 0 && JF_BLOCK_MASK_BLOCK % kBlockN == 0),
+                "a block-sparse map's blocks hold whole tiles");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 168 * kThreads,
                 "the CTA's register pool");
 };

@@ -23,10 +23,13 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
 
   const schedule::PlanKey key =
       schedule::plan_key({Config::kBlockM, Config::kBlockN}, pb.batch_size, pb.q.rows, pb.k.rows);
+  schedule::SequenceMap map{};
+  if constexpr (Config::kBlockSparse) map.block_mask = BlockMask::from(pb);
   cudaError_t err = launch.build_plan
                         ? schedule::build_forward_plan(
                               pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM, Config::kBlockN,
-                              launch.error_flag, launch.plan_key, key, launch.workspace, launch.plan, stream)
+                              launch.error_flag, launch.plan_key, key, launch.workspace, launch.plan, stream,
+                              /*first_block_first=*/false, schedule::PlanBuilder::kAuto, map)
                         : schedule::reset_tile_counter(launch.workspace, launch.plan, stream);
   if (err != cudaSuccess) return err;
 
@@ -63,6 +66,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
     p.scale = mod.lse_factor;
     p.scale_log2 = mod.exp_factor;
   }
+  if constexpr (Config::kBlockSparse) p.block_mask = BlockMask::from(pb);
   p.error_flag = launch.error_flag;
   p.plan_key = launch.plan_key;
   p.expected_plan_key = key;
@@ -138,11 +142,15 @@ cudaError_t run_forward_default_tile(const jf_fwd_args& a, const HopperForwardLa
     return run_forward_variant<TileConfig<Element, kHeadDim, Option>>(a, launch, v.schedule, stream);
 }
 
-// The entry point's body for one (dtype, kernel head dim, modifier, padded head dim).
-template <class Element, int kHeadDim, jf_score_mod kMod, bool kPadded>
+// The entry point's body for one (dtype, kernel head dim, modifier, padded head dim, block-sparse).
+template <class Element, int kHeadDim, jf_score_mod kMod, bool kPadded, bool kSparse>
 cudaError_t run_forward_for(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  static_assert(!kPadded || kMod == JF_SCORE_MOD_NONE, "a padded head dim takes no modifier");
-  if constexpr (kPadded)
+  static_assert(int(kPadded) + int(kMod != JF_SCORE_MOD_NONE) + int(kSparse) <= 1,
+                "one option at a time: a modifier, a padded head dim or a block-sparse map");
+  static_assert(!kSparse || kHeadDim <= 128, "block-sparse maps at head dims 64 and 128");
+  if constexpr (kSparse)
+    return run_forward_default_tile<Element, kHeadDim, BlockSparse>(a, launch, stream);
+  else if constexpr (kPadded)
     return run_forward_default_tile<Element, kHeadDim, PaddedHeadDim>(a, launch, stream);
   else if constexpr (kMod == JF_SCORE_MOD_NONE)
     return run_forward<Element, kHeadDim>(a, launch, stream);

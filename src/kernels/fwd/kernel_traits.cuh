@@ -2,6 +2,7 @@
 // storage and the kernel's device parameters.
 #pragma once
 
+#include "core/block_mask.hpp"
 #include "core/mask.hpp"
 #include "kernels/common/barriers.cuh"
 #include "kernels/common/score_mod.cuh"
@@ -40,6 +41,7 @@ struct KernelTraits {
   static constexpr bool kQInRegisters = Config::kQInRegisters;
   using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
   static constexpr bool kPaddedHeadDim = Config::kPaddedHeadDim;
+  static constexpr bool kBlockSparse = Config::kBlockSparse;
 
   using BlockM = Int<kBlockM>;
   using BlockN = Int<kBlockN>;
@@ -179,6 +181,8 @@ struct Params {
   common::ScoreModArgs score_mod;
   // PaddedHeadDim: the caller's head dim in 16-byte chunks (the columns the epilogue stores).
   int32_t head_dim_chunks;
+  // BlockSparse: the map (jf_block_mask); read only by a kernel built with that option.
+  BlockMask block_mask;
 };
 
 }  // namespace jagflash::kernels::fwd

@@ -7,6 +7,7 @@
 //    online softmax, O += P V, then the epilogue.
 #pragma once
 
+#include "kernels/common/block_sparse.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
@@ -33,6 +34,18 @@ __device__ __forceinline__ void copy_q_to_registers(TiledMma const& mma, TS cons
   auto thr_q_copy = q_copy.get_thread_slice(thread);
   Tensor tQrQ = thr_q_copy.retile_D(tSrQ);
   copy(q_copy, thr_q_copy.partition_S(sQ_buffer), tQrQ);
+}
+
+// The KV blocks a tile visits, from the top of its range down: with BlockSparse the map row of
+// its query block decides, else every block of the mask's range.
+template <class Traits>
+__device__ __forceinline__ common::KvBlockWalk<Traits::kBlockSparse, Traits::kBlockN> kv_block_walk(
+    const Params<Traits>& p, const TileInfo& t) {
+  common::KvBlockWalk<Traits::kBlockSparse, Traits::kBlockN> walk;
+  walk.lo = static_cast<int32_t>(t.kv_blocks.lo);
+  if constexpr (Traits::kBlockSparse)
+    walk.row = p.block_mask.row(t.batch, t.m_block * Traits::kBlockM / BlockMask::kBlock, t.len_kv);
+  return walk;
 }
 
 template <class Traits>
@@ -105,11 +118,22 @@ struct Producer {
       auto load_k = [&](int32_t n) { load_block(p.tma_k, tKg, tKs, smem.k_full, smem.k_empty, k_uses, n); };
       auto load_v = [&](int32_t n) { load_block(p.tma_v, tVg, tVs, smem.v_full, smem.v_empty, v_uses, n); };
       const int32_t n_hi = static_cast<int32_t>(t.kv_blocks.hi), n_lo = static_cast<int32_t>(t.kv_blocks.lo);
-      for (int32_t n = n_hi; n >= n_lo; --n) {
-        load_k(n);
-        if (n < n_hi) load_v(n + 1);
+      if constexpr (!Traits::kBlockSparse) {
+        for (int32_t n = n_hi; n >= n_lo; --n) {
+          load_k(n);
+          if (n < n_hi) load_v(n + 1);
+        }
+        if (n_lo <= n_hi) load_v(n_lo);
+      } else {  // the visible blocks only, in the same order (the consumers walk the same)
+        const auto walk = kv_block_walk<Traits>(p, t);
+        int32_t previous = n_lo - 1;
+        for (int32_t n = walk.at_or_below(n_hi); n >= n_lo; n = walk.after(n)) {
+          load_k(n);
+          if (previous >= n_lo) load_v(previous);
+          previous = n;
+        }
+        if (previous >= n_lo) load_v(previous);
       }
-      if (n_lo <= n_hi) load_v(n_lo);
       ++q_uses;
     }
   }
@@ -227,7 +251,10 @@ struct Consumer {
       clear(tOrO);
 
       // The KV blocks the tile visits and, inside them, the bulk the mask policy proves mask-free.
-      const int32_t n_lo = static_cast<int32_t>(t.kv_blocks.lo), n_hi = static_cast<int32_t>(t.kv_blocks.hi);
+      // n_hi: the first block visited (the top of the range; with BlockSparse its top visible block).
+      const auto walk = kv_block_walk<Traits>(p, t);
+      const int32_t n_lo = static_cast<int32_t>(t.kv_blocks.lo),
+                    n_hi = walk.at_or_below(static_cast<int32_t>(t.kv_blocks.hi));
       int32_t bulk_lo = static_cast<int32_t>(t.unmasked.lo), bulk_hi = static_cast<int32_t>(t.unmasked.hi);
       if (bulk_lo > bulk_hi) {  // no mask-free block: everything is the masked tail
         bulk_lo = n_hi + 1;
@@ -320,7 +347,7 @@ struct Consumer {
         turns.wait_turn();
         issue_s(k_stage);
         turns.pass_turn();
-        probe_next_kv(n_hi > n_lo, 0);  // this block's V is the next block's
+        probe_next_kv(walk.more_after(n_hi), 0);  // this block's V is the next block's
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
@@ -334,7 +361,7 @@ struct Consumer {
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
       // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
       // runs while that GEMM is in flight, and only the conversion of P waits for it.
-      for (int32_t n = n_hi - 1; n >= n_lo; --n) {
+      for (int32_t n = walk.after(n_hi); n >= n_lo; n = walk.after(n)) {
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
@@ -348,7 +375,7 @@ struct Consumer {
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
             mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
-        probe_next_kv(n > n_lo, 1);
+        probe_next_kv(walk.more_after(n), 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
         trace.stamp(trace_thread, kTraceScores);

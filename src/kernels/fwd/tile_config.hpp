@@ -43,6 +43,9 @@ namespace jagflash::kernels::fwd {
 //   TMA's box is kHeadDim wide over a tensor of the caller's width, so the missing columns of
 //   Q, K, V arrive as zeros (its out-of-bounds fill; nothing is copied) and add nothing to S or O,
 //   and the epilogue stores only the caller's columns (Params::head_dim_chunks).
+// BlockSparse: a block-sparse map (jf_block_mask) says which KV blocks each query block visits;
+//   the producer and the consumers walk the visible ones only (KvBlockWalk, mainloop_fwd.cuh).
+//   The map's blocks (BlockMask::kBlock tokens a side) must be whole multiples of the tile's.
 struct PingPong {};
 struct QInRegisters {};
 template <int kKeys>
@@ -54,6 +57,7 @@ struct Pairs {};
 template <jf_score_mod kKind>
 struct ScoreModifier {};
 struct PaddedHeadDim {};
+struct BlockSparse {};
 
 namespace detail {
 // Folds the option tags over the defaults: each level overrides (hides) one member of the rest.
@@ -68,6 +72,7 @@ struct TileOptions<> {
   static constexpr int kPairs = 1;
   static constexpr jf_score_mod kScoreMod = JF_SCORE_MOD_NONE;
   static constexpr bool kPaddedHeadDim = false;
+  static constexpr bool kBlockSparse = false;
 };
 template <class... Rest>
 struct TileOptions<PingPong, Rest...> : TileOptions<Rest...> {
@@ -97,6 +102,10 @@ template <class... Rest>
 struct TileOptions<PaddedHeadDim, Rest...> : TileOptions<Rest...> {
   static constexpr bool kPaddedHeadDim = true;
 };
+template <class... Rest>
+struct TileOptions<BlockSparse, Rest...> : TileOptions<Rest...> {
+  static constexpr bool kBlockSparse = true;
+};
 }  // namespace detail
 
 template <class Element_, int kHeadDim_, class... Options>
@@ -110,6 +119,7 @@ struct TileConfig {
   static constexpr bool kQInRegisters = Chosen::kQInRegisters;
   static constexpr jf_score_mod kScoreMod = Chosen::kScoreMod;
   static constexpr bool kPaddedHeadDim = Chosen::kPaddedHeadDim;
+  static constexpr bool kBlockSparse = Chosen::kBlockSparse;
   static constexpr int kAllConsumerWarpgroups = kPairs * kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
@@ -154,6 +164,8 @@ struct TileConfig {
                 "two pairs of one consumer warpgroup each, or one pair");
   static_assert(!kPingPong || kConsumerWarpgroups == 2, "ping-pong takes turns between two warpgroups");
   static_assert(kStages >= 2, "at least two K/V stages");
+  static_assert(!kBlockSparse || (JF_BLOCK_MASK_BLOCK % kBlockM == 0 && JF_BLOCK_MASK_BLOCK % kBlockN == 0),
+                "a block-sparse map's blocks hold whole tiles");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kAllConsumerWarpgroups <= 65536,
                 "register file");
 };

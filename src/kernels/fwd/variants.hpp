@@ -70,7 +70,8 @@ struct ForwardKnobs {
 //    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
 //    on short: 198.6 vs 198.4 TFLOP/s.)
 //  - D = 256: two warpgroups, 32-key blocks, whatever the hint and the knobs (but the schedule).
-//  - a score modifier (softcap, ALiBi): two warpgroups and 128-key blocks (32 at D = 256), likewise.
+//  - a score modifier (softcap, ALiBi) or a block-sparse map: two warpgroups and 128-key blocks (32
+//    at D = 256), likewise (a map's 128 x 128 blocks then hold whole tiles).
 //  - a max_seqlen hint of at most kPairsMaxSeqlen (every sequence that short): two independent
 //    single-warpgroup pairs with 64-row tiles (3f78956, on short, lengths 16..256: +7% / +15%
 //    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
@@ -92,10 +93,12 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
     v.block_n = 32;
     return v;
   }
-  // A score modifier, or a head dim below the kernel's (padded): the default tile (their kernels
-  // are instantiated for that one alone).
+  // A score modifier, a head dim below the kernel's (padded) or a block-sparse map: the default
+  // tile (their kernels are instantiated for that one alone).
   const int32_t d = a.problem.q.head_dim;
-  if (a.problem.score_mod != JF_SCORE_MOD_NONE || (d != 64 && d != 128)) return v;
+  if (a.problem.score_mod != JF_SCORE_MOD_NONE || (d != 64 && d != 128) ||
+      a.problem.block_mask.blocks != nullptr)
+    return v;
   if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
   if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
   if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
