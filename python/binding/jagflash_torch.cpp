@@ -212,6 +212,49 @@ void set_score_mod(jf_problem& p, const Tensor& q, double softcap,
                                     : std::copysign(std::numeric_limits<float>::infinity(), softcap);
 }
 
+// The block-sparse map (jf_block_mask): none when both are absent; else blocks a uint8 vector and
+// offsets an int32 vector of B+1 entries, on q's device (python/jagflash/_launch.py's
+// check_block_mask words a failure). Strided ones are copied into `kept` (which the call keeps
+// alive). The C library checks the offsets' values against the sequences' lengths but cannot know
+// blocks' size: on the CPU, where it costs nothing, offsets[B] is checked against it here (on CUDA
+// jagflash.BlockMask checks it when the mask is built).
+struct KeptBlockMask {
+  Tensor blocks;
+  Tensor offsets;
+};
+
+void set_block_mask(jf_problem& p, const Tensor& q, int64_t batch_entries, const std::optional<Tensor>& blocks,
+                    const std::optional<Tensor>& offsets, KeptBlockMask& kept) {
+  if (!blocks.has_value() && !offsets.has_value()) return;
+  if (!blocks.has_value() || !offsets.has_value()) fail_input("block_mask: one of blocks and offsets");
+  const Place place = place_of(q);
+  if (blocks->dim() != 1 || dtype_of(*blocks) != codes().uint8 || !(place_of(*blocks) == place)) {
+    fail_input("block_mask blocks");
+  }
+  if (offsets->dim() != 1 || offsets->numel() != batch_entries || dtype_of(*offsets) != codes().int32 ||
+      !(place_of(*offsets) == place)) {
+    fail_input("block_mask offsets");
+  }
+  kept.offsets = contiguous_offsets(*offsets, place);
+  kept.blocks = *blocks;
+  if (blocks->numel() > 1 && blocks->stride(0) != 1) {
+    kept.blocks = empty({blocks->size(0)}, codes().uint8, place);
+    torch::stable::copy_(kept.blocks, *blocks);
+  }
+  const auto* offsets_data = static_cast<const int32_t*>(kept.offsets.data_ptr());
+  if (!place.is_cuda() && offsets_data[batch_entries - 1] > kept.blocks.numel()) {
+    fail(JF_ERR_INVALID_ARGUMENT, "block_mask.blocks: expected at least block_mask.offsets[B] = " +
+                                      std::to_string(offsets_data[batch_entries - 1]) + " bytes, got " +
+                                      std::to_string(kept.blocks.numel()));
+  }
+  // An empty map (no sequence has both a query and a key block) still is a block mask: torch may
+  // give its empty tensor no address, and NULL blocks beside offsets would read as a half-given
+  // mask, so blocks then points at the offsets (on the same device; no byte of it is read).
+  p.block_mask.blocks = kept.blocks.numel() ? static_cast<const uint8_t*>(kept.blocks.data_ptr())
+                                            : static_cast<const uint8_t*>(kept.offsets.data_ptr());
+  p.block_mask.offsets = offsets_data;
+}
+
 jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
                       const Tensor& kv_offsets, int64_t mask, int64_t window_left, int64_t window_right,
                       double scale, const Place& place) {
@@ -360,17 +403,20 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
                                                int64_t max_seqlen, double softcap,
-                                               const std::optional<Tensor>& alibi_slopes);
+                                               const std::optional<Tensor>& alibi_slopes,
+                                               const std::optional<Tensor>& block_mask_blocks = std::nullopt,
+                                               const std::optional<Tensor>& block_mask_offsets = std::nullopt);
 
 std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets,
                                        int64_t mask, int64_t window_left, int64_t window_right, double scale,
                                        int64_t offsets_check, int64_t max_seqlen, double softcap,
-                                       std::optional<Tensor> alibi_slopes) {
+                                       std::optional<Tensor> alibi_slopes, std::optional<Tensor> block_mask_blocks,
+                                       std::optional<Tensor> block_mask_offsets) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen, softcap, alibi_slopes);
+                     max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets);
 }
 
 // out and dout: q's rows and heads, v's head dim (which may be smaller than q's), q's dtype and
@@ -388,13 +434,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
                                                         bool deterministic, double softcap,
-                                                        const std::optional<Tensor>& alibi_slopes);
+                                                        const std::optional<Tensor>& alibi_slopes,
+                                                        const std::optional<Tensor>& block_mask_blocks = std::nullopt,
+                                                        const std::optional<Tensor>& block_mask_offsets = std::nullopt);
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                                                Tensor lse, Tensor q_offsets, Tensor kv_offsets, int64_t mask,
                                                int64_t window_left, int64_t window_right, double scale,
                                                int64_t offsets_check, int64_t max_seqlen, bool deterministic,
-                                               double softcap, std::optional<Tensor> alibi_slopes) {
+                                               double softcap, std::optional<Tensor> alibi_slopes,
+                                               std::optional<Tensor> block_mask_blocks,
+                                               std::optional<Tensor> block_mask_offsets) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -405,7 +455,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
     fail_input("lse");
   }
   return run_backward(dout, q, k, v, out, lse, &q_offsets, kv_offsets, mask, window_left, window_right, scale,
-                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes);
+                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks,
+                      block_mask_offsets);
 }
 
 // ---- Pooled attention (jf_problem.pooled_q_rows): one query set q [Lq, H, D] shared by
@@ -447,7 +498,9 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
                                                int64_t max_seqlen, double softcap,
-                                               const std::optional<Tensor>& alibi_slopes) {
+                                               const std::optional<Tensor>& alibi_slopes,
+                                               const std::optional<Tensor>& block_mask_blocks,
+                                               const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -467,6 +520,8 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   set_score_mod(args.problem, q, softcap, alibi_slopes);
+  KeptBlockMask kept;
+  set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
   args.out = describe(out);
   args.lse = static_cast<float*>(lse.data_ptr());
   args.launch = launch_of(place, offsets_check, max_seqlen, false);
@@ -504,7 +559,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
                                                         bool deterministic, double softcap,
-                                                        const std::optional<Tensor>& alibi_slopes) {
+                                                        const std::optional<Tensor>& alibi_slopes,
+                                                        const std::optional<Tensor>& block_mask_blocks,
+                                                        const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -529,6 +586,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   set_score_mod(args.problem, q, softcap, alibi_slopes);
+  KeptBlockMask kept;
+  set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
   args.out = describe(out);
   args.dout = describe(dout);
   args.lse = static_cast<const float*>(lse.data_ptr());
@@ -548,16 +607,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
 // workspace the call used (uint8; undefined, None in Python, when it needed none), in which a
 // device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
 // softcap (0 = none) and alibi_slopes (float32 [H], or None): the score modifier (jf_score_mod).
+// block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]), or None: the block-sparse map
+// (jf_block_mask; not with pooled attention, which the C API refuses it for).
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "
       "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
-      "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor? alibi_slopes=None, Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None) -> (Tensor, "
+      "Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
-      "int max_seqlen, bool deterministic, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor, "
-      "Tensor, Tensor)");
+      "int max_seqlen, bool deterministic, float softcap=0., Tensor? alibi_slopes=None, "
+      "Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv],
   // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
   m.def(

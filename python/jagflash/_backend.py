@@ -59,9 +59,9 @@ def name(served: int) -> str:
     return _NAMES.get(served, f"unknown ({served})")
 
 
-# What served each (direction, dtype, head dim, device, pooled) so far: the choice depends on nothing else
-# (launch.backend is always AUTO here), so a call asks the library once per key, not every time.
-_served: Dict[Tuple[int, int, int, int, bool], int] = {}
+# What served each (direction, dtype, head dim, device, pooled, block mask) so far: the choice depends on
+# nothing else (launch.backend is always AUTO here), so a call asks the library once per key, not every time.
+_served: Dict[Tuple[int, int, int, int, bool, bool], int] = {}
 _warned = False
 _lock = threading.Lock()
 
@@ -77,7 +77,8 @@ def _warning_text(direction: int, problem: _capi.Problem, device: torch.device) 
         f"magnitude slower) serves this {what} ({dtype}, head dim {problem.q.head_dim}) on "
         f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}). The fast kernels "
         f"need compute capability 9.0 (H100/H200), bf16 or fp16 and a head dim up to 256 (backward: up to "
-        f"128; with a score modifier 64, 128 or 256, backward 64 or 128). jagflash.backend(...) says which "
+        f"128; with a score modifier 64, 128 or 256, backward 64 or 128; with a block mask 64 or 128). "
+        f"jagflash.backend(...) says which "
         f"path serves a call; this warning is given once."
     )
 
@@ -88,7 +89,8 @@ def note_cuda_call(args: Any, device: torch.device) -> None:
     if _warned:
         return
     direction = DIRECTION_BACKWARD if isinstance(args, _capi.BwdArgs) else DIRECTION_FORWARD
-    key = (direction, args.problem.dtype, args.problem.q.head_dim, device.index or 0, args.problem.pooled_q_rows > 0)
+    key = (direction, args.problem.dtype, args.problem.q.head_dim, device.index or 0, args.problem.pooled_q_rows > 0,
+           bool(args.problem.block_mask.blocks))
     served = _served.get(key)
     if served is None:
         served = _served[key] = query(args.problem, args.launch, direction)

@@ -56,15 +56,15 @@ _HEAD_DIM_STEP, _MAX_HEAD_DIM = 8, 256
 _CUDA_HEAD_DIMS = (64, 128, 256)
 
 
-def check_head_dims(q, k, v, *, backward=False, modified=False):
+def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False):
     """The head dims the C library accepts, with its messages in the ops' terms (q.shape[-1]):
     UnsupportedError for one no path serves, on the tensors' device (on CUDA: v's the same as
     q's, and a q head dim other than 64, 128 or 256 only where the Hopper kernels take it: bf16 or
-    fp16, no score modifier (`modified`), the forward up to 256 and the backward (`backward`) up to
-    128), InvalidArgumentError for k's differing from q's. The fake kernels and jagflash.backend()
-    run it, so a traced call fails where an eager one would; an eager call leaves it to the C
-    library, which says the same (on a GPU that is not a Hopper one it also refuses what only the
-    Hopper kernels serve)."""
+    fp16, no score modifier (`modified`) and no block mask (`blocked`), the forward up to 256 and
+    the backward (`backward`) up to 128), InvalidArgumentError for k's differing from q's. The
+    fake kernels and jagflash.backend() run it, so a traced call fails where an eager one would; an
+    eager call leaves it to the C library, which says the same (on a GPU that is not a Hopper one
+    it also refuses what only the Hopper kernels serve)."""
     d, dv = q.shape[-1], v.shape[-1]
     if d < _HEAD_DIM_STEP or d > _MAX_HEAD_DIM or d % _HEAD_DIM_STEP != 0:
         raise _errors.UnsupportedError(f"q.shape[-1]: expected a multiple of 8 from 8 to 256, got {d}",
@@ -73,7 +73,8 @@ def check_head_dims(q, k, v, *, backward=False, modified=False):
         raise _errors.UnsupportedError(f"v.shape[-1]: expected a multiple of 8 from 8 to q's head dim ({d}), got {dv}",
                                        _capi.ERR_UNSUPPORTED)
     if q.device.type == "cuda":
-        hopper = q.dtype in (torch.bfloat16, torch.float16) and not modified and d <= (128 if backward else 256)
+        hopper = q.dtype in (torch.bfloat16, torch.float16) and not modified and not blocked and \
+            d <= (128 if backward else 256)
         if d not in _CUDA_HEAD_DIMS and not hopper:
             raise _errors.UnsupportedError(
                 f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
@@ -107,6 +108,31 @@ def check_score_mod(q, softcap, alibi_slopes):
         if softcap != 0:
             raise _errors.invalid_argument("softcap", "0 with alibi_slopes (one score modifier at a time)",
                                            repr(softcap))
+
+
+def check_block_mask(q, q_offsets, blocks, offsets):
+    """The block mask in the ops' terms: none (both None) or blocks a uint8 vector and offsets an
+    int32 vector of B+1 entries (as many as q_offsets), both on q's device. The values (offsets[0]
+    == 0, offsets[b+1] - offsets[b] == ceil(Lq_b / 128) * ceil(Lk_b / 128)) are the C library's to
+    check, as it checks q_offsets; the fake kernels run this so a traced call fails where an eager
+    one would."""
+    if blocks is None and offsets is None:
+        return
+    if blocks is None or offsets is None:
+        missing = "block_mask_blocks" if blocks is None else "block_mask_offsets"
+        raise _errors.invalid_argument(missing, "a tensor (a block mask has both blocks and offsets)", "None")
+    if not isinstance(blocks, torch.Tensor) or blocks.dtype != torch.uint8 or blocks.dim() != 1 or \
+            blocks.device != q.device:
+        got = (f"{blocks.dtype} of shape {tuple(blocks.shape)} on {blocks.device}" if isinstance(blocks, torch.Tensor)
+               else type(blocks).__name__)
+        raise _errors.invalid_argument("block_mask.blocks", f"a uint8 vector on {q.device} (q's device)", got)
+    expected = q_offsets.numel()
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32 or offsets.dim() != 1 or \
+            offsets.numel() != expected or offsets.device != q.device:
+        got = (f"{offsets.dtype} of shape {tuple(offsets.shape)} on {offsets.device}"
+               if isinstance(offsets, torch.Tensor) else type(offsets).__name__)
+        raise _errors.invalid_argument("block_mask.offsets", f"an int32 vector of B+1 = {expected} entries on "
+                                       f"{q.device} (q's device)", got)
 
 
 # The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
@@ -227,12 +253,14 @@ def _pooled_ops():
 _noted = set()
 
 
-def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=False):
+def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=False, block_mask=(None, None)):
     """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend). pooled:
-    q is a pooled query set (kv_offsets alone give the batch; q_offsets is kv_offsets)."""
+    q is a pooled query set (kv_offsets alone give the batch; q_offsets is kv_offsets).
+    block_mask: the call's (blocks, offsets), which the choice of path depends on."""
     if _backend._warned:
         return
-    key = (direction, q.dtype, q.shape[2], device.index, pooled)
+    blocks, block_offsets = block_mask
+    key = (direction, q.dtype, q.shape[2], device.index, pooled, blocks is not None)
     if key in _noted:
         return
     _noted.add(key)
@@ -242,6 +270,8 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
     if pooled:
         problem.q_offsets = None
         problem.pooled_q_rows = q.shape[0]
+    if blocks is not None:
+        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr())
     args = args_type(problem=problem, launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
     with _device_guard(device):
         _backend.note_cuda_call(args, device)
@@ -260,50 +290,63 @@ def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes):
 
 
 def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
-            softcap=0.0, alibi_slopes=None):
+            softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None):
     """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
     bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint). softcap (0 = none),
-    alibi_slopes (None or float32 [H]): the score modifier."""
+    alibi_slopes (None or float32 [H]): the score modifier. block_mask_blocks (uint8) and
+    block_mask_offsets (int32 [B+1]): the block-sparse map (jf_block_mask), both None for none."""
     fwd_op = _fwd_op or _ops()[0]
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
         alibi_slopes = _dense_slopes(alibi_slopes)
+    if block_mask_blocks is not None or block_mask_offsets is not None:
+        check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     try:
         out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
                                      _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
-                                     alibi_slopes)
+                                     alibi_slopes, block_mask_blocks, block_mask_offsets)
     except RuntimeError as error:
-        raise _translated(error, lambda: _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes)) from None
+        def recheck():
+            _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes)
+            check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
+        raise _translated(error, recheck) from None
     _offsets_check.remember("forward", check_mode, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, q_offsets, kv_offsets, device)
+        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, q_offsets, kv_offsets, device,
+                        block_mask=(block_mask_blocks, block_mask_offsets))
     return out, lse
 
 
 def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
-             max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
+             max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
+             block_mask_offsets=None):
     """dq, dk, dv in the inputs' dtype and shapes (dout [.., Dv] like out); with GQA dk/dv sum
     over each group's query heads.
     deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
-    always are)."""
+    always are). The block mask: the forward's (see forward)."""
     bwd_op = _bwd_op or _ops()[1]
     device = q.device
     if softcap or alibi_slopes is not None:
         check_score_mod(q, softcap, alibi_slopes)
         alibi_slopes = _dense_slopes(alibi_slopes)
+    if block_mask_blocks is not None or block_mask_offsets is not None:
+        check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
                                        window_right, scale, _offsets_check.launch_value(check_mode, device),
-                                       max_seqlen, bool(deterministic), softcap, alibi_slopes)
+                                       max_seqlen, bool(deterministic), softcap, alibi_slopes, block_mask_blocks,
+                                       block_mask_offsets)
     except RuntimeError as error:
         def recheck():
             check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)
             check_score_mod(q, softcap, alibi_slopes)
+            check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
         raise _translated(error, recheck) from None
     _offsets_check.remember("backward", check_mode, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, q_offsets, kv_offsets, device)
+        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, q_offsets, kv_offsets, device,
+                        block_mask=(block_mask_blocks, block_mask_offsets))
     return dq, dk, dv
 
 

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from . import _backend, _capi, _launch, _offsets_check, ops
 from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded
+from .block_mask import BlockMask
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
 
@@ -130,6 +131,7 @@ _C_TERMS = (
     (r"\bproblem\.([qkv])\.data\b", r"\1.data_ptr()"),
     (r"\bproblem\.(q_offsets|kv_offsets)\b", r"\1"),
     (r"\bproblem\.scale\b", "scale"),
+    (r"\bproblem\.block_mask\.(blocks|offsets)\b", r"block_mask.\1"),
     (r"\bproblem\.window_left\b", "window[0]"),
     (r"\bproblem\.window_right\b", "window[1]"),
     # Inside a message: "a divisor of q.heads (4)".
@@ -159,6 +161,20 @@ def _in_caller_terms(error: JagflashError, named_offsets: Iterable[Tuple[str, ob
         return invalid_argument("k.shape[0]", f"{q_total} rows, q_offsets[B={batch}] (kv_offsets=None: q's offsets "
                                               f"serve k and v too; pass kv_offsets for other lengths)", k_rows)
     return reworded(error, _C_TERMS)
+
+
+def _block_mask_tensors(block_mask: object, q: Tensor, q_offsets: Tensor) -> Tuple[Tensor, Tensor]:
+    """(blocks, offsets) of a jagflash.BlockMask, checked against the call before anything runs
+    (B+1 offsets as q_offsets, q's device); the C library checks the offsets' values."""
+    if not isinstance(block_mask, BlockMask):
+        raise invalid_argument("block_mask", "a jagflash.BlockMask or None", type(block_mask).__name__)
+    blocks, offsets = block_mask.blocks, block_mask.offsets
+    if blocks.device != q.device:
+        raise invalid_argument("block_mask.device", f"{q.device} (q's device; BlockMask.to moves it)", blocks.device)
+    if offsets.numel() != q_offsets.numel():
+        raise invalid_argument("block_mask", f"a map for B = {q_offsets.numel() - 1} sequences (as q_offsets)",
+                               f"one for {offsets.numel() - 1}")
+    return blocks, offsets
 
 
 def _softcap(softcap: Optional[float]) -> float:
@@ -211,6 +227,7 @@ def jagged_attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Tensor: ...
 
 
@@ -232,6 +249,7 @@ def jagged_attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Tuple[Tensor, Tensor]: ...
 
 
@@ -253,6 +271,7 @@ def jagged_attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]: ...
 
 
@@ -273,6 +292,7 @@ def jagged_attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
@@ -308,6 +328,12 @@ def jagged_attention(
     differentiable): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
     bias, bottom-right aligned like the masks). One modifier at a time; on CUDA the Hopper kernels
     serve both at head dims 64 and 128 (forward also 256), the GPU oracle the rest.
+    block_mask: None, or a jagflash.BlockMask for this batch (on q's device): query i of sequence b
+    sees key j when the mask (causal, window) lets it AND block (i // 128, j // 128) of b's map is
+    visible (blocks counted from the sequence's first query and key; see jagflash.BlockMask for
+    the constructors). Not differentiable; the backward uses the same map. On CUDA the Hopper
+    kernels serve it at head dims 64 and 128 without a score modifier, the GPU oracle at 256 and
+    with one.
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     Errors: InvalidArgumentError (a ValueError) or UnsupportedError naming the argument in these
     terms (q.shape[-1], kv_offsets[B=2], scale); q, k, v and the offsets are checked to be dense
@@ -336,8 +362,10 @@ def jagged_attention(
     else:
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
     cap = _softcap(softcap)
+    blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes)
+            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes, blocks,
+            block_offsets)
     try:
         # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
         if ops.eager_fast_path_allowed(q, k, v):
@@ -345,7 +373,7 @@ def jagged_attention(
                 out, lse = ops.eager_attention(*args)
             else:
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
-                out, lse = _launch.forward(*args[:11], cap, alibi_slopes)
+                out, lse = _launch.forward(*args[:11], *args[12:])
         else:
             out, lse = ops.fwd(*args)
     except JagflashError as error:
@@ -411,13 +439,14 @@ def attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Tensor:
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D) (v: (B, j, H_kv, Dv),
     head dims as in jagged_attention).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
-    (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets, deterministic, softcap and
-    alibi_slopes as in jagged_attention.
+    (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets, deterministic, softcap,
+    alibi_slopes and block_mask (built for q's and k's offsets) as in jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
     if _offsets_of(k).shape != _offsets_of(q).shape:
@@ -426,7 +455,7 @@ def attention(
     try:
         out = jagged_attention(q_values, k_values, v_values, _offsets_of(q), kv_offsets, causal=causal, window=window,
                                scale=scale, check_offsets=check_offsets, deterministic=deterministic,
-                               softcap=softcap, alibi_slopes=alibi_slopes)
+                               softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
@@ -478,6 +507,7 @@ def pooled_attention(
     deterministic: Optional[bool] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Pooled attention (Pooling by Multihead Attention): one query set attends over every sequence
     of a jagged batch; differentiable in q, k and v.
@@ -532,14 +562,16 @@ def pooled_attention(
 
 
 def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
-            backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None) -> str:
+            backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
+            block_mask: Optional[BlockMask] = None) -> str:
     """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
     for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
     head dims on that device for this call: on CUDA a v head dim of its own, or one other than 64,
     128 or 256 that the Hopper kernels do not take: fp32, a softcap or alibi_slopes, a backward
-    past 128)."""
+    past 128). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
+    values are not read)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -548,7 +580,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     kv_offsets = q_offsets if kv_offsets is None else _offsets("kv_offsets", kv_offsets)
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     cap = _softcap(softcap)
-    _launch.check_head_dims(q, k, v, backward=backward, modified=cap != 0 or alibi_slopes is not None)
+    blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets)
+    _launch.check_head_dims(q, k, v, backward=backward, modified=cap != 0 or alibi_slopes is not None,
+                            blocked=blocks is not None)
     _launch.check_score_mod(q, cap, alibi_slopes)
     q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
     problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
@@ -556,6 +590,8 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
         problem.score_mod, problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, alibi_slopes.data_ptr()
     elif cap:
         problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
+    if blocks is not None:
+        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr())
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
     try:
         with _launch._device_guard(q.device):

@@ -3,8 +3,10 @@ kernels (shapes only, for torch.compile and meta tensors) and the autograd formu
 
 Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
 0 = 1/sqrt(D) and any other value finite and non-zero in float32, the check_offsets mode "auto",
-"host" or "device", the max_seqlen hint, deterministic), last the score modifier (softcap: 0 = none;
-alibi_slopes: None or float32 [H], not differentiable), and return fresh
+"host" or "device", the max_seqlen hint, deterministic), then the score modifier (softcap: 0 = none;
+alibi_slopes: None or float32 [H], not differentiable), last (fwd and bwd only) the block-sparse map
+(block_mask_blocks uint8, block_mask_offsets int32 [B+1], both None for none; not differentiable,
+the backward gets the forward's), and return fresh
 contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
 break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
 CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a
@@ -35,22 +37,27 @@ def fwd(
     deterministic: bool = False,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask_blocks: Optional[Tensor] = None,
+    block_mask_offsets: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32. The lse is always produced: the
     backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
     the choice of kernel. deterministic: for the backward (the forward always is), which gets it
-    with the other scalars. softcap, alibi_slopes: the score modifier."""
+    with the other scalars. softcap, alibi_slopes: the score modifier. block_mask_blocks,
+    block_mask_offsets: the block-sparse map (jagflash.BlockMask's blocks and offsets)."""
     return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                           max_seqlen, softcap, alibi_slopes)
+                           max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-              deterministic=False, softcap=0.0, alibi_slopes=None):
+              deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None)
+    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None,
+                            blocked=block_mask_blocks is not None)
     _launch.check_op_scalars(scale, check_offsets)
     _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     total_q, heads, _ = q.shape
     return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
@@ -74,30 +81,38 @@ def bwd(
     deterministic: bool = False,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    block_mask_blocks: Optional[Tensor] = None,
+    block_mask_offsets: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
-    [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are)."""
+    [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are). The block
+    mask: the forward's."""
     return _launch.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-        max_seqlen, deterministic, softcap, alibi_slopes,
+        max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets,
     )
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-              max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
+              max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
+              block_mask_offsets=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None)
+    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None,
+                            blocked=block_mask_blocks is not None)
     _launch.check_op_scalars(scale, check_offsets)
     _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    # The slopes (last) are saved as a tensor; the scalars before them go back to bwd as they came.
-    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes = inputs
+    # The slopes and the block mask (last) are saved as tensors; the scalars before them go back to
+    # bwd as they came.
+    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes)
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks,
+                          block_mask_offsets)
     ctx.scalars = scalars
     # lse is an output for callers that want it, not a differentiable one: the C API has no
     # gradient input for it.
@@ -135,13 +150,14 @@ def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks, block_mask_offsets = ctx.saved_tensors
     # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
     with torch.no_grad():
-        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes)
+        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
+                         block_mask_blocks, block_mask_offsets)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    # No gradient for the offsets, the scalars or the slopes.
-    return (dq, dk, dv) + (None,) * 11
+    # No gradient for the offsets, the scalars, the slopes or the block mask.
+    return (dq, dk, dv) + (None,) * 13
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -243,32 +259,35 @@ class EagerAttention(torch.autograd.Function):
     the registered op, which is what gives those their fake kernel and opcheck guarantees.
 
     Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
-    the op's scalars as one tuple (the last two: softcap and alibi_slopes, the latter held in the
-    tuple, not differentiated) (each argument costs autograd.Function's apply time). The offsets
-    are saved for backward with the tensors, as the registered op saves them: offsets changed in
-    place between the forward and the backward then raise torch's "modified by an inplace
-    operation" instead of giving the gradients of other sequences."""
+    the op's scalars as one tuple (each argument costs autograd.Function's apply time; after
+    deterministic: softcap, alibi_slopes and the block mask's blocks and offsets, not
+    differentiated). The offsets and the block mask are saved for backward with the tensors, as the
+    registered op saves them: offsets or a map changed in place between the forward and the
+    backward then raise torch's "modified by an inplace operation" instead of giving the gradients
+    of other sequences or another map."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
-        # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes.
-        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], scalars[7], scalars[8])
-        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets)
-        ctx.scalars = scalars
+        # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes, the block
+        # mask's blocks and offsets.
+        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], *scalars[7:])
+        # The block mask is saved like the offsets (a map changed in place before the backward raises).
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[9], scalars[10])
+        ctx.scalars = scalars[:9]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, q_offsets, kv_offsets = ctx.saved_tensors
+        q, k, v, out, lse, q_offsets, kv_offsets, *block_mask = ctx.saved_tensors
         if dout.dtype is not q.dtype:
             dout = dout.to(q.dtype)
         if not torch.is_grad_enabled():  # a plain backward: nothing is recorded anyway
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask)
             return dq, dk, dv, None, None, None
         # create_graph=True: the copies the binding may make are not recorded.
         with torch.no_grad():
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None
 
@@ -282,10 +301,10 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *scalars):
-    """EagerAttention on the op's arguments (q, k, v, the offsets, then its nine scalars; as with the
-    op, the score modifier's two may be left out)."""
-    if len(scalars) != 9:
-        scalars = scalars + (0.0, None)[len(scalars) - 7:]
+    """EagerAttention on the op's arguments (q, k, v, the offsets, then its eleven scalars; as with
+    the op, the score modifier's two and the block mask's two may be left out)."""
+    if len(scalars) != 11:
+        scalars = scalars + (0.0, None, None, None)[len(scalars) - 7:]
     if _functorch_transforms_active():
         return EagerAttention.apply(q, k, v, q_offsets, kv_offsets, scalars)
     return _apply_eager(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(q_offsets),

@@ -17,6 +17,9 @@ Restoring destroys the Library, which puts PyTorch's kernels back.
 Once active nothing falls back to PyTorch's kernel: a call jagflash cannot serve raises
 UnsupportedError naming what it cannot serve (dropout, the debug mask, ALiBi, seqused_k, fp8
 descales, a dtype other than fp16/bf16, a head dim other than 64/128/256, a GPU other than sm_90).
+Block-sparse attention (jagflash.BlockMask) is not served here: the aten ops have no argument that
+could carry a map (an SDPA attn_mask is a dense token mask, and the flash ops take none), so a
+block mask goes through jagflash.jagged_attention / jagflash.attention only.
 The backward's deterministic mode follows torch.are_deterministic_algorithms_enabled() when it
 runs. Offsets a caller passes (varlen, nested) are checked as jagflash.set_check_offsets says
 ("auto": on the device, no sync); the dense path's offsets, built here, are checked on the

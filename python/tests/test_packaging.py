@@ -143,7 +143,8 @@ def test_custom_ops_have_schemas(op):
 # runs, but the modules are no longer layered). Lowest first.
 FLOORS = (
     ("the C library: its structs, its loading, its statuses as exceptions", ("_capi", "_lib", "_errors")),
-    ("conventions every caller shares: the mask arguments, the offsets check", ("_mask", "_offsets_check")),
+    ("conventions every caller shares: the mask arguments, the offsets check, the block mask",
+     ("_mask", "_offsets_check", "block_mask")),
     ("which path serves a call, and the slow path's warning", ("_backend",)),
     ("one call of the binding", ("_launch",)),
     ("the custom ops", ("ops",)),
