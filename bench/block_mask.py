@@ -102,10 +102,20 @@ def token_lookups(lengths, block_mask, length, device):
     return q_seq, kv_seq, q_row, kv_block
 
 
-def set_flex_state(lengths, block_mask, length, device):
+def set_flex_state(lengths, block_mask, length, device, capacity=None):
+    """The mask_mod's lookups for this batch. The map is copied into `capacity` bytes (the run's
+    largest map and one more; None: this map's size and one more): every tensor the mask_mod reads
+    then has one shape for the whole run, so compiled flex_attention does not recompile per batch
+    (with dynamic=False a new shape is a new compilation, and past dynamo's recompile limit it
+    would run uncompiled). The last byte stays 0: the index of a pair from different sequences
+    points there."""
     q_seq, kv_seq, q_row, kv_block = token_lookups(lengths, block_mask, length, device)
-    # One byte more, so that the index of a pair from different sequences (masked anyway) is valid.
-    blocks = torch.cat([block_mask.blocks.to(device), torch.zeros(1, dtype=torch.uint8, device=device)])
+    entries = block_mask.blocks.numel()
+    capacity = entries + 1 if capacity is None else capacity
+    if capacity <= entries:
+        raise ValueError(f"capacity {capacity}: expected more than the map's {entries} bytes")
+    blocks = torch.zeros(capacity, dtype=torch.uint8, device=device)
+    blocks[:entries] = block_mask.blocks.to(device)
     _flex_state.update(q_seq=q_seq, kv_seq=kv_seq, q_row=q_row, kv_block=kv_block, blocks=blocks)
 
 
@@ -125,7 +135,7 @@ def mask_mod(causal):
     return _map_causal_mask if causal else _map_mask
 
 
-def flex_block_mask(lengths, block_mask, length, causal, device):
+def flex_block_mask(lengths, block_mask, length, causal, device, capacity=None):
     """FlexAttention's BlockMask for the map (self-attention: q and kv share the lengths) over the
     packed sequence padded to `length`, built at
     block level (never token x token): packed query block I and key block J are listed when a
@@ -135,7 +145,7 @@ def flex_block_mask(lengths, block_mask, length, causal, device):
     multiple of 128."""
     from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
 
-    set_flex_state(lengths, block_mask, length, device)
+    set_flex_state(lengths, block_mask, length, device, capacity)
     n = length // BLOCK
     lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
     starts = torch.cumsum(lengths_t, 0) - lengths_t
@@ -188,11 +198,11 @@ def flex_block_mask(lengths, block_mask, length, causal, device):
                                         mask_mod=mask_mod(causal), seq_lengths=(length, length))
 
 
-def flex_block_mask_created(lengths, block_mask, length, causal, device):
+def flex_block_mask_created(lengths, block_mask, length, causal, device, capacity=None):
     """The same BlockMask from torch's create_block_mask on the mask_mod (every token pair)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    set_flex_state(lengths, block_mask, length, device)
+    set_flex_state(lengths, block_mask, length, device, capacity)
     return create_block_mask(mask_mod(causal), None, None, length, length, device=device, BLOCK_SIZE=BLOCK,
                              _compile=device.type == "cuda")
 
@@ -209,10 +219,10 @@ class JagflashSparse(peers.Jagflash):
 
 
 class FlexSparse(peers.FlexAttention):
-    def __init__(self, x, block_mask, how):
+    def __init__(self, x, block_mask, how, capacity):
         super().__init__(x, compile_flex=True)
         build = flex_block_mask_created if how == "create_block_mask" else flex_block_mask
-        self.block_mask = build(x.lengths, block_mask, x.flex_length, x.causal, x.q.device)
+        self.block_mask = build(x.lengths, block_mask, x.flex_length, x.causal, x.q.device, capacity)
 
 
 def parse_args(argv=None):
@@ -241,12 +251,12 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def run_case(x, block_mask, args, device):
+def run_case(x, block_mask, args, device, capacity=None):
     impls = {"dense": peers.Jagflash(x), "sparse": JagflashSparse(x, block_mask)}
     notes = {}
     if not args.no_flex:
         try:
-            impls["flex"] = FlexSparse(x, block_mask, args.flex_mask)
+            impls["flex"] = FlexSparse(x, block_mask, args.flex_mask, capacity)
         except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
             notes["flex"] = f"{type(e).__name__}: {e}"
     fwd = compare.measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup,
@@ -302,7 +312,8 @@ def table(rows):
             f"{fmt(r['dense_fwd_ms'], '{:.3f}')} / {fmt(r['sparse_fwd_ms'], '{:.3f}')} / "
             f"{fmt(r['flex_fwd_ms'], '{:.3f}')} | {fmt(r['dense_bwd_ms'], '{:.3f}')} / "
             f"{fmt(r['sparse_bwd_ms'], '{:.3f}')} / {fmt(r['flex_bwd_ms'], '{:.3f}')} | "
-            f"{bar(r['fwd_sparse_over_dense'], SPARSE_BAR, True)} | {bar(r['bwd_sparse_over_dense'], SPARSE_BAR, True)} | "
+            f"{bar(r['fwd_sparse_over_dense'], SPARSE_BAR, True)} | "
+            f"{bar(r['bwd_sparse_over_dense'], SPARSE_BAR, True)} | "
             f"{bar(r['fwd_vs_flex'], FLEX_BAR, False)} | {bar(r['bwd_vs_flex'], FLEX_BAR, False)} | "
             f"{fmt(r['error_vs_flex'], '{:.1e}')} |")
     return "\n".join(lines)
@@ -318,6 +329,10 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     lengths_of = {d: jagflash.generate_lengths(d, jagflash.DEFAULT_SEED) for d in args.dists}
     flex_length = -(-max(sum(v) for v in lengths_of.values()) // BLOCK) * BLOCK
+    # The largest map of the run, and the byte past it (set_flex_state).
+    capacity = max(sum((-(-n // BLOCK)) ** 2 for n in v) for v in lengths_of.values()) + 1
+    # One compilation per (head dim, mask_mod) is what the fixed shapes leave; room for all of them.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     generator = torch.Generator(device=device).manual_seed(jagflash.DEFAULT_SEED)
     rows = []
     for dist, lengths in lengths_of.items():
@@ -333,7 +348,7 @@ def main(argv=None):
                     x = peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
                                      mask == "causal", flex_length)
                     row = {"dist": dist, "head_dim": head_dim, "pattern": pattern, "mask": mask,
-                           **run_case(x, block_mask, args, device)}
+                           **run_case(x, block_mask, args, device, capacity)}
                     rows.append(row)
                     (out_dir / "block_mask.json").write_text(json.dumps(rows, indent=1))
                     print(f"{dist:>9} D{head_dim} {pattern:>9} {mask:>6} density {row['density']:.2f}: sparse/dense "

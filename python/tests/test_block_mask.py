@@ -615,7 +615,8 @@ def test_cuda_full_map_matches_no_block_mask():
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
     plain = jagflash.jagged_attention(*args, causal=True)
     full = jagflash.jagged_attention(*args, causal=True, block_mask=BlockMask.full(batch.q_offsets, batch.kv_offsets))
-    torch.testing.assert_close(full, plain, rtol=0, atol=0)
+    # The sparse kernels may sum in another order: bf16's rounding apart, not bitwise.
+    assert_close("out", full, plain.double(), TOLERANCES[batch.q.dtype][0], batch.seed)
 
 
 @needs_cuda

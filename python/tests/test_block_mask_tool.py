@@ -95,3 +95,18 @@ def test_table_marks_missed_bars():
     text = bench.table([row])
     assert "| 0.30 | 0.40 * | 3.00 | 2.50 |" in text
     assert bench.table([dict(row, fwd_vs_flex=None)]).count("| - |") == 1
+
+
+def test_flex_lookups_keep_one_shape_for_the_run():
+    """Every tensor the mask_mod reads has the run's shape whatever the batch (no recompilation)."""
+    shapes = []
+    for lengths in LENGTHS:
+        offsets = peers.offsets_of(lengths, "cpu")
+        mask = jagflash.BlockMask.random(offsets, density=0.5, seed=1)
+        bench.set_flex_state(lengths, mask, 2048, torch.device("cpu"), capacity=200)
+        assert bench._flex_state["blocks"][mask.blocks.numel():].eq(0).all()
+        shapes.append({name: tuple(t.shape) for name, t in bench._flex_state.items()})
+    assert shapes[0] == shapes[1]
+    offsets = peers.offsets_of(LENGTHS[0], "cpu")
+    with pytest.raises(ValueError, match="capacity"):
+        bench.set_flex_state(LENGTHS[0], jagflash.BlockMask.full(offsets), 2048, torch.device("cpu"), capacity=3)
