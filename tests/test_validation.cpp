@@ -792,5 +792,168 @@ TEST(Validation, CudaTakesTheScoreModifiers) {
   }
 }
 
+// ---- block masks (jf_problem.block_mask) ----------------------------------------------------
+
+// The call's batch (q lengths 3, 0, 5; kv 4, 2, 5) has one 128 x 128 block in sequences 0 and 2 and
+// none in sequence 1: map offsets {0, 1, 1, 2}, two bytes.
+struct BlockMaskCall : Call {
+  std::vector<int32_t> map_offsets = {0, 1, 1, 2};
+  std::vector<uint8_t> blocks = {1, 1};
+
+  BlockMaskCall() { set(blocks.data(), map_offsets.data()); }
+  void set(const uint8_t* b, const int32_t* offsets) {
+    apply_to_problem(*this, [&](jf_problem& p) {
+      p.block_mask.blocks = b;
+      p.block_mask.offsets = offsets;
+    });
+  }
+};
+
+void expect_refused(jf_status got, jf_status status, const std::vector<std::string>& parts, const Call& call,
+                    const std::string& what) {
+  EXPECT_EQ(got, status) << what;
+  const std::string msg = jagflash_last_error();
+  for (const std::string& part : parts)
+    EXPECT_NE(msg.find(part), std::string::npos)
+        << what << ": message '" << msg << "' lacks '" << part << "'";
+  EXPECT_TRUE(call.outputs_untouched()) << what;
+}
+
+// Half a map is never taken for none: both pointers or neither, each named; the size queries
+// refuse it too (no offsets are read for it).
+TEST(ValidationBlockMask, BothPointersOrNeither) {
+  struct Half {
+    const char* what;
+    bool blocks, offsets;
+    const char* named;
+  } halves[] = {{"blocks without offsets", true, false, "problem.block_mask.offsets"},
+                {"offsets without blocks", false, true, "problem.block_mask.blocks"}};
+  for (const Half& h : halves) {
+    BlockMaskCall call;
+    call.set(h.blocks ? call.blocks.data() : nullptr, h.offsets ? call.map_offsets.data() : nullptr);
+    const std::vector<std::string> parts = {std::string(h.named) + ": expected a non-null pointer",
+                                            "both NULL: no block mask", "got NULL"};
+    expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, parts, call, h.what);
+    expect_refused(jagflash_bwd(&call.bwd), JF_ERR_INVALID_ARGUMENT, parts, call, h.what);
+    size_t bytes = 0;
+    EXPECT_EQ(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_ERR_INVALID_ARGUMENT) << h.what;
+    EXPECT_EQ(jagflash_bwd_workspace_size(&call.bwd, &bytes), JF_ERR_INVALID_ARGUMENT) << h.what;
+  }
+}
+
+TEST(ValidationBlockMask, OffsetsAreReadAsInt32) {
+  BlockMaskCall call;
+  alignas(int32_t) static unsigned char bytes[24] = {};
+  call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(bytes + 2));
+  expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT,
+                 {"problem.block_mask.offsets", "4-byte alignment (int32)"}, call, "misaligned");
+}
+
+// The offsets' values are checked as q_offsets' are (CPU calls on the host, like
+// JF_CHECK_OFFSETS_HOST): [0] == 0 and ceil(Lq/128) * ceil(Lk/128) bytes per sequence, the
+// message naming the entry, what it should be and why, and what it is.
+TEST(ValidationBlockMask, OffsetsValues) {
+  struct Bad {
+    const char* what;
+    std::vector<int32_t> offsets;
+    std::vector<std::string> parts;
+  } bad[] = {
+      {"first not zero", {1, 2, 2, 3}, {"problem.block_mask.offsets[0]: expected 0, got 1"}},
+      {"a sequence without blocks given one",
+       {0, 1, 2, 3},
+       {"problem.block_mask.offsets[2]: expected problem.block_mask.offsets[1] + ceil(Lq/128) * ceil(Lk/128) "
+        "= 1 + 0 * 1 = 1 (sequence 1: Lq = 0, Lk = 2), got 2"}},
+      {"too few bytes", {0, 0, 0, 1}, {"problem.block_mask.offsets[1]", "= 0 + 1 * 1 = 1", "got 0"}},
+      {"negative", {0, 1, 1, -1}, {"problem.block_mask.offsets[3]", "= 1 + 1 * 1 = 2", "got -1"}},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.what);
+    BlockMaskCall call;
+    call.map_offsets = b.offsets;
+    call.set(call.blocks.data(), call.map_offsets.data());
+    for (int backward = 0; backward < 2; ++backward) {
+      try {
+        if (backward)
+          detail::validate_backward(call.bwd, 0, /*require_workspace=*/true);
+        else
+          detail::validate_forward(call.fwd, 0, /*require_workspace=*/true);
+        ADD_FAILURE() << "accepted";
+      } catch (const detail::ApiError& e) {
+        EXPECT_EQ(e.status(), JF_ERR_INVALID_ARGUMENT);
+        for (const std::string& part : b.parts)
+          EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what() << " lacks " << part;
+      }
+    }
+    // The size queries read no offsets.
+    EXPECT_NO_THROW(detail::validate_forward(call.fwd, 0, /*require_workspace=*/false));
+    EXPECT_TRUE(call.outputs_untouched());
+  }
+  BlockMaskCall good;
+  EXPECT_NO_THROW(detail::validate_forward(good.fwd, 0, /*require_workspace=*/true));
+  EXPECT_NO_THROW(detail::validate_backward(good.bwd, 0, /*require_workspace=*/true));
+  // Sequences longer than a block: 129 queries and 300 keys are 2 x 3 blocks.
+  const int32_t q_off[] = {0, 129, 129}, kv_off[] = {0, 300, 301};
+  const int32_t map_ok[] = {0, 6, 6}, map_bad[] = {0, 4, 4};
+  EXPECT_NO_THROW(detail::validate_host_block_mask_offsets(map_ok, q_off, kv_off, 2));
+  try {
+    detail::validate_host_block_mask_offsets(map_bad, q_off, kv_off, 2);
+    ADD_FAILURE() << "accepted";
+  } catch (const detail::ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("= 0 + 2 * 3 = 6 (sequence 0: Lq = 129, Lk = 300), got 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The map and its offsets are inputs: an output over either is refused (the blocks' extent once
+// their offsets have been read).
+TEST(ValidationBlockMask, OutputsMustBeDisjointFromTheMap) {
+  {
+    BlockMaskCall call;
+    call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(call.lse.data()));
+    expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT,
+                   {"lse", "memory disjoint from the input problem.block_mask.offsets"}, call,
+                   "lse over offsets");
+  }
+  {
+    BlockMaskCall call;
+    call.set(static_cast<const uint8_t*>(call.fwd.out.data), call.map_offsets.data());
+    try {
+      detail::validate_forward(call.fwd, 0, /*require_workspace=*/true);
+      ADD_FAILURE() << "accepted";
+    } catch (const detail::ApiError& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "out: expected memory disjoint from the input problem.block_mask.blocks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A valid map runs on the CPU reference (test_reference_block_mask.cpp checks what it computes).
+TEST(ValidationBlockMask, ServedOnTheCpu) {
+  BlockMaskCall call;
+  jf_backend served = JF_BACKEND_AUTO;
+  ASSERT_EQ(jagflash_query_backend(&call.fwd.problem, &call.fwd.launch, JF_DIRECTION_FORWARD, &served), JF_OK)
+      << jagflash_last_error();
+  EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+  size_t bytes = 1;
+  ASSERT_EQ(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_OK) << jagflash_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(jagflash_fwd(&call.fwd), JF_OK) << jagflash_last_error();
+  ASSERT_EQ(jagflash_bwd(&call.bwd), JF_OK) << jagflash_last_error();
+  EXPECT_FALSE(call.outputs_untouched());
+}
+
+// The same offsets errors through the C API, both directions, nothing written.
+TEST(ValidationBlockMask, BadOffsetsRefusedByTheCalls) {
+  BlockMaskCall call;
+  call.map_offsets = {0, 1, 2, 3};
+  call.set(call.blocks.data(), call.map_offsets.data());
+  const std::vector<std::string> parts = {"problem.block_mask.offsets[2]", "got 2"};
+  expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, parts, call, "forward");
+  expect_refused(jagflash_bwd(&call.bwd), JF_ERR_INVALID_ARGUMENT, parts, call, "backward");
+}
+
 }  // namespace
 }  // namespace jagflash

@@ -108,6 +108,16 @@ std::vector<Case> problem_cases() {
        }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.pooled_q_rows", "batch_size * pooled_q_rows (the output rows) <= 2^31-1", "4294967296"}},
+      {"with a block mask",
+       both([](jf_problem& p) {
+         static const uint8_t blocks[3] = {1, 1, 1};
+         static const int32_t offsets[4] = {0, 1, 1, 2};
+         p.block_mask.blocks = blocks;
+         p.block_mask.offsets = offsets;
+       }),
+       JF_ERR_UNSUPPORTED,
+       {"problem.block_mask", "expected none (blocks and offsets NULL) with pooled attention",
+        "got a block mask"}},
       {"ordinary without q_offsets",
        both([](jf_problem& p) { p.pooled_q_rows = 0; }),
        JF_ERR_INVALID_ARGUMENT,

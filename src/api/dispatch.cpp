@@ -197,8 +197,12 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   validate_backward_shapes(a);
   BackwardWorkspace w;
   const jf_problem& p = a.problem;
-  if (p.device != JF_DEVICE_CUDA) return w;
+  if (p.device != JF_DEVICE_CUDA) {
+    require_block_mask_served(p, JF_BACKEND_REFERENCE);
+    return w;
+  }
   w.hopper = hopper_backward_for(a);
+  require_block_mask_served(p, w.hopper != nullptr ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
   if (w.hopper == nullptr) {
     require_served_head_dim(p, /*backward=*/true);
     w.layout = WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
@@ -220,8 +224,12 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
 
 jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward) {
   validate_problem_and_launch(p, l);
-  if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
+  if (p.device != JF_DEVICE_CUDA) {
+    require_block_mask_served(p, JF_BACKEND_REFERENCE);
+    return JF_BACKEND_REFERENCE;
+  }
   const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
+  require_block_mask_served(p, hopper ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
   if (hopper) return JF_BACKEND_HOPPER;
   oracle_for(p, backward);  // the call's own checks: head dim, instantiated, device code for this GPU
   return JF_BACKEND_ORACLE;
@@ -229,8 +237,13 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward)
 
 size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
-  if (a.problem.device != JF_DEVICE_CUDA) return 0;
-  if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
+  if (a.problem.device != JF_DEVICE_CUDA) {
+    require_block_mask_served(a.problem, JF_BACKEND_REFERENCE);
+    return 0;
+  }
+  const bool hopper = hopper_forward_for(a) != nullptr;
+  require_block_mask_served(a.problem, hopper ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
+  if (hopper) return hopper_plan_layout(a).total_bytes;
   require_served_head_dim(a.problem, /*backward=*/false);
   return WorkspaceLayout::forward_gpu().total_bytes;
 }
@@ -249,8 +262,9 @@ void run_forward(const jf_fwd_args& a) {
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
-                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.batch_size, p.q.rows,
+                                     p.k.rows, flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
+                                     stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
     const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
@@ -281,8 +295,9 @@ void run_backward(const jf_bwd_args& a) {
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.batch_size, p.q.rows, p.k.rows, flag,
-                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.batch_size, p.q.rows,
+                                     p.k.rows, flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
+                                     stream));
   if (hopper != nullptr) {
     kernels::HopperBackwardLaunch launch{};
     launch.error_flag = flag;

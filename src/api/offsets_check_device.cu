@@ -1,5 +1,7 @@
 #include "api/offsets_check_device.hpp"
 
+#include "core/block_mask.hpp"
+
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -19,13 +21,29 @@ __device__ int32_t check_one(const int32_t* offsets, int32_t batch_size, int64_t
   return bits;
 }
 
+// The block-sparse map's offsets: [0] == 0 and sequence b's map of ceil(Lq_b/128) * ceil(Lk_b/128)
+// bytes, the lengths as the (possibly bad: their own bits say so) q and kv offsets give them.
+__device__ int32_t check_block_mask(const int32_t* map_offsets, const int32_t* q_offsets,
+                                    const int32_t* kv_offsets, int32_t batch_size) {
+  int32_t bits = 0;
+  for (int32_t b = threadIdx.x; b < batch_size; b += blockDim.x) {
+    const int64_t lq = int64_t{q_offsets[b + 1]} - q_offsets[b];
+    const int64_t lk = int64_t{kv_offsets[b + 1]} - kv_offsets[b];
+    if (int64_t{map_offsets[b + 1]} - map_offsets[b] != BlockMask::entries(lq, lk))
+      bits |= kBlockMaskSizeMismatch;
+  }
+  if (threadIdx.x == 0 && map_offsets[0] != 0) bits |= kBlockMaskFirstNotZero;
+  return bits;
+}
+
 // One block. The threads' bits are gathered in shared memory so that one thread writes the
 // workspace flag and the latch: the latch lives in host memory, where a plain store of the
 // gathered bits needs no system-scope atomics (which not every host link supports natively).
 // The flag is stored whole (0 when the offsets pass), so the call needs no memset before: the
 // kernels after it in the stream read this call's verdict alone.
-__global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                                     int64_t total_q, int64_t total_kv, int32_t* flag, int32_t* latch) {
+__global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv_offsets,
+                                     const int32_t* block_mask_offsets, int32_t batch_size, int64_t total_q,
+                                     int64_t total_kv, int32_t* flag, int32_t* latch) {
   __shared__ int32_t block_bits;
   if (threadIdx.x == 0) block_bits = 0;
   __syncthreads();
@@ -33,8 +51,13 @@ __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv
   const int32_t q_bits = q_offsets != nullptr ? check_one(q_offsets, batch_size, total_q, kQFirstNotZero,
                                                           kQDecreasing, kQLastNotTotal)
                                               : 0;
+  // Never with pooled attention (validation refuses it): q_offsets is there when the map is.
+  const int32_t map_bits = block_mask_offsets != nullptr && q_offsets != nullptr
+                               ? check_block_mask(block_mask_offsets, q_offsets, kv_offsets, batch_size)
+                               : 0;
   const int32_t bits =
-      q_bits | check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
+      q_bits | map_bits |
+      check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
   if (bits) atomicOr(&block_bits, bits);
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -105,16 +128,16 @@ int32_t* latch_host(int device) {
 
 }  // namespace
 
-cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                                 int64_t total_q, int64_t total_kv, int32_t* flag, bool check,
-                                 cudaStream_t stream) {
+cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets,
+                                 const int32_t* block_mask_offsets, int32_t batch_size, int64_t total_q,
+                                 int64_t total_kv, int32_t* flag, bool check, cudaStream_t stream) {
   // Unchecked: the flag is zeroed for the kernels that read it; checked, the check kernel sets it.
   if (!check) return cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
   int32_t* latch = nullptr;
   cudaError_t err = latch_for_launch(stream, &latch);
   if (err != cudaSuccess) return err;
-  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, batch_size, total_q, total_kv, flag,
-                                              latch);
+  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, block_mask_offsets, batch_size, total_q,
+                                              total_kv, flag, latch);
   return cudaGetLastError();
 }
 

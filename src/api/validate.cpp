@@ -2,6 +2,7 @@
 
 #include "api/device_error.hpp"
 #include "api/error.hpp"
+#include "core/block_mask.hpp"
 #include "core/dtype.hpp"
 #include "core/pooled.hpp"
 
@@ -103,6 +104,31 @@ void check_score_mod(const jf_problem& p, bool ask_location) {
                                             : "NULL with JF_SCORE_MOD_SOFTCAP",
                   p.alibi_slopes);
   }
+}
+
+// The block-sparse map (jf_block_mask): both pointers or neither, so half a map is never silently
+// taken for none; the offsets are read as int32; both live where q does. The offsets' values are
+// checked with the other offsets (check_offsets, or the device check).
+void check_block_mask(const jf_problem& p, bool ask_location) {
+  const jf_block_mask& m = p.block_mask;
+  if (m.blocks == nullptr && m.offsets != nullptr)
+    fail_argument("problem.block_mask.blocks",
+                  "a non-null pointer to the maps' bytes with problem.block_mask.offsets set (both NULL: "
+                  "no block mask)",
+                  "NULL");
+  if (m.blocks != nullptr && m.offsets == nullptr)
+    fail_argument("problem.block_mask.offsets",
+                  "a non-null pointer to B+1 int32 with problem.block_mask.blocks set (both NULL: no "
+                  "block mask)",
+                  "NULL");
+  if (m.blocks == nullptr) return;
+  if (is_pooled(p))
+    fail_argument("problem.block_mask",
+                  "none (blocks and offsets NULL) with pooled attention (pooled_q_rows > 0)", "a block mask",
+                  JF_ERR_UNSUPPORTED);
+  check_aligned("problem.block_mask.offsets", m.offsets, alignof(int32_t), "int32");
+  check_pointer_location("problem.block_mask.blocks", m.blocks, p.device, ask_location);
+  check_pointer_location("problem.block_mask.offsets", m.offsets, p.device, ask_location);
 }
 
 struct ByteRange {
@@ -246,6 +272,7 @@ void check_problem(const jf_problem& p, bool ask_location) {
   if (!std::isfinite(p.scale))
     fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
   check_score_mod(p, ask_location);
+  check_block_mask(p, ask_location);
   check_pointer_location("problem.q_offsets", p.q_offsets, p.device, ask_location);
   check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device, ask_location);
 }
@@ -304,13 +331,23 @@ void check_no_earlier_device_error(const jf_problem& p) {
   report_latched_device_error(device);
 }
 
-void check_offsets(const jf_problem& p, const jf_launch& l) {
-  if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return;
-  if (!is_pooled(p))  // pooled: no q offsets (NULL)
-    validate_host_offsets("problem.q_offsets", offsets_to_host(p.q_offsets, p.batch_size, p, l).data(),
-                          p.batch_size, p.q.rows);
-  validate_host_offsets("problem.kv_offsets", offsets_to_host(p.kv_offsets, p.batch_size, p, l).data(),
-                        p.batch_size, p.k.rows);
+// Checks the offsets on the host (CPU pointers, or JF_CHECK_OFFSETS_HOST: copied from the device,
+// one sync per vector); the device check does it in a kernel instead. Returns the block mask's
+// byte count, offsets[B] (for the overlap checks), or -1 when there is no block mask or its
+// offsets stay on the device.
+int64_t check_offsets(const jf_problem& p, const jf_launch& l) {
+  if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return -1;
+  std::vector<int32_t> q_host;
+  if (!is_pooled(p)) {  // pooled: no q offsets (NULL)
+    q_host = offsets_to_host(p.q_offsets, p.batch_size, p, l);
+    validate_host_offsets("problem.q_offsets", q_host.data(), p.batch_size, p.q.rows);
+  }
+  const std::vector<int32_t> kv_host = offsets_to_host(p.kv_offsets, p.batch_size, p, l);
+  validate_host_offsets("problem.kv_offsets", kv_host.data(), p.batch_size, p.k.rows);
+  if (p.block_mask.offsets == nullptr) return -1;  // never with pooled (check_block_mask)
+  const std::vector<int32_t> map_host = offsets_to_host(p.block_mask.offsets, p.batch_size, p, l);
+  validate_host_block_mask_offsets(map_host.data(), q_host.data(), kv_host.data(), p.batch_size);
+  return map_host[static_cast<size_t>(p.batch_size)];
 }
 
 using NamedRanges = std::vector<std::pair<std::string, ByteRange>>;
@@ -371,7 +408,15 @@ NamedRanges problem_inputs(const jf_problem& p) {
           {"v", byte_range(p.v, p.dtype)},
           {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
           {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)},
-          {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)}};
+          {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)},
+          {"problem.block_mask.offsets", offsets_range(p.block_mask.offsets, p.batch_size)}};
+}
+// The block mask's bytes, once their count (map_bytes, offsets[B]) has been read on the host;
+// none while it is unknown (device-checked offsets) or there is no block mask.
+NamedRanges block_mask_inputs(const jf_problem& p, int64_t map_bytes) {
+  if (p.block_mask.blocks == nullptr || map_bytes <= 0) return {};
+  const auto b = reinterpret_cast<uintptr_t>(p.block_mask.blocks);
+  return {{"problem.block_mask.blocks", {b, b + static_cast<uintptr_t>(map_bytes)}}};
 }
 NamedRanges backward_outputs(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
@@ -489,6 +534,15 @@ void check_cuda_head_dims(const jf_problem& p) {
   }
 }
 
+void require_block_mask_served(const jf_problem& p, jf_backend backend) {
+  // The CPU reference honours the map; the GPU backends not yet.
+  if (p.block_mask.blocks == nullptr || backend == JF_BACKEND_REFERENCE) return;
+  fail_argument("problem.block_mask",
+                "none (blocks and offsets NULL) on CUDA, where block masks are not served yet (CPU "
+                "pointers are)",
+                "a block mask", JF_ERR_UNSUPPORTED);
+}
+
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
   check_problem(p, ask_locations(l));
   check_launch(l, p);
@@ -508,6 +562,22 @@ void validate_host_offsets(const char* name, const int32_t* offsets, int32_t bat
     std::ostringstream e;
     e << "the token count " << total;
     fail_argument(std::string(name) + "[B=" + std::to_string(batch_size) + "]", e.str(), offsets[batch_size]);
+  }
+}
+
+void validate_host_block_mask_offsets(const int32_t* map_offsets, const int32_t* q_offsets,
+                                      const int32_t* kv_offsets, int32_t batch_size) {
+  const char* name = "problem.block_mask.offsets";
+  if (map_offsets[0] != 0) fail_argument(std::string(name) + "[0]", 0, map_offsets[0]);
+  for (int32_t b = 0; b < batch_size; ++b) {
+    const int64_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+    const int64_t entries = BlockMask::entries(lq, lk);
+    if (int64_t{map_offsets[b + 1]} - map_offsets[b] == entries) continue;
+    std::ostringstream e;
+    e << name << "[" << b << "] + ceil(Lq/" << BlockMask::kBlock << ") * ceil(Lk/" << BlockMask::kBlock
+      << ") = " << map_offsets[b] << " + " << BlockMask::blocks_of(lq) << " * " << BlockMask::blocks_of(lk)
+      << " = " << map_offsets[b] + entries << " (sequence " << b << ": Lq = " << lq << ", Lk = " << lk << ")";
+    fail_argument(std::string(name) + "[" + std::to_string(b + 1) + "]", e.str(), map_offsets[b + 1]);
   }
 }
 
@@ -549,7 +619,9 @@ void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool requir
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, forward_outputs(a), problem_inputs(a.problem));
-    check_offsets(a.problem, a.launch);
+    const NamedRanges map = block_mask_inputs(a.problem, check_offsets(a.problem, a.launch));
+    check_no_overlap(forward_outputs(a), map);
+    check_workspace_disjoint(a.launch, workspace_needed, {}, map);
     check_no_earlier_device_error(a.problem);
   }
 }
@@ -559,7 +631,9 @@ void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool requi
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, backward_outputs(a), backward_inputs(a));
-    check_offsets(a.problem, a.launch);
+    const NamedRanges map = block_mask_inputs(a.problem, check_offsets(a.problem, a.launch));
+    check_no_overlap(backward_outputs(a), map);
+    check_workspace_disjoint(a.launch, workspace_needed, {}, map);
     check_no_earlier_device_error(a.problem);
   }
 }

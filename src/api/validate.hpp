@@ -34,6 +34,11 @@ void validate_problem_and_launch(const jf_problem& problem, const jf_launch& lau
 // no path serves one (dispatch.cpp, require_served_head_dim).
 void check_cuda_head_dims(const jf_problem& problem);
 
+// A block mask (problem.block_mask) on a call `backend` would serve: JF_ERR_UNSUPPORTED naming
+// problem.block_mask when that backend does not honour block masks yet, so that a map is never
+// silently ignored. The dispatcher asks it once it knows the backend (size queries included).
+void require_block_mask_served(const jf_problem& problem, jf_backend backend);
+
 // Whether the CUDA driver knows `p` as device (or managed) memory; false without a driver. One
 // driver query, unless a PointerLocationScope is open on this thread and `p` lies in an allocation
 // already asked about in it.
@@ -55,5 +60,10 @@ uint64_t pointer_location_queries();
 
 // Host offsets [B+1]: offsets[0] == 0, non-decreasing, offsets[B] == total.
 void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total);
+
+// Host block-mask offsets [B+1] against the (already checked) host q and kv offsets:
+// map_offsets[0] == 0 and map_offsets[b+1] - map_offsets[b] == BlockMask::entries(Lq_b, Lk_b).
+void validate_host_block_mask_offsets(const int32_t* map_offsets, const int32_t* q_offsets,
+                                      const int32_t* kv_offsets, int32_t batch_size);
 
 }  // namespace jagflash::detail

@@ -9,11 +9,13 @@
 // query head, adds every sequence's dQ contribution in sequence order (float64, rounded once).
 //
 // Per task, every operand is copied into a contiguous row-major [rows, D] double buffer; a query
-// row then needs only its visible key range, so memory is O((Lq + Lk) * D) and no Lq x Lk matrix
-// is ever built. q, k, dq and dk have q's head dim D; v, out, dout and dv have v's, Dv <= D (each
+// row then needs only its visible keys (the mask's key range, cut to the visible blocks of the
+// block-sparse map when there is one: a few contiguous segments), so memory is O((Lq + Lk) * D) and no Lq x
+// Lk matrix is ever built. q, k, dq and dk have q's head dim D; v, out, dout and dv have v's, Dv <= D (each
 // buffer is as wide as the view it is loaded from).
 #include "reference/reference.hpp"
 
+#include "core/block_mask.hpp"
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
 #include "core/pooled.hpp"
@@ -64,6 +66,40 @@ SequenceSpan span_of(const jf_problem& problem, int32_t b) {
   s.lk = problem.kv_offsets[b + 1] - s.kv_begin;
   return s;
 }
+
+// Which keys a query row sees: the mask's key range (core/mask.hpp) and, with a block mask
+// (core/block_mask.hpp), only the keys of the visible blocks of the row's query block. Given as
+// contiguous segments in increasing key order: one (the range) without a map, none for a row that
+// sees nothing.
+struct Visibility {
+  MaskPolicy mask;
+  BlockMask blocks;
+
+  static Visibility from(const jf_problem& p) {
+    return {MaskPolicy::from(p.mask, p.window_left, p.window_right), BlockMask::from(p)};
+  }
+
+  void segments(int32_t b, int64_t i, int64_t lq, int64_t lk, std::vector<IndexRange>& out) const {
+    out.clear();
+    const IndexRange range = mask.key_range(i, lq, lk);
+    if (range.empty()) return;
+    if (!blocks.present()) {
+      out.push_back(range);
+      return;
+    }
+    constexpr int64_t kBlock = BlockMask::kBlock;
+    const uint8_t* row = blocks.row(b, i / kBlock, lk);
+    for (int64_t k_block = range.lo / kBlock; k_block <= range.hi / kBlock; ++k_block) {
+      if (row[k_block] == 0) continue;
+      const int64_t lo = std::max(range.lo, k_block * kBlock);
+      const int64_t hi = std::min(range.hi, k_block * kBlock + kBlock - 1);
+      if (!out.empty() && out.back().hi + 1 == lo)
+        out.back().hi = hi;
+      else
+        out.push_back({lo, hi});
+    }
+  }
+};
 
 double softmax_scale(const jf_problem& problem) {
   return problem.scale != 0.0f ? static_cast<double>(problem.scale)
@@ -160,23 +196,26 @@ double modified_score(const double* q_row, const std::vector<double>& k_f64, int
   return mod.score(s_scaled, at);
 }
 
-// Fills p[0 .. range.size()) with the softmax probabilities of query row q_row over the keys in
-// range and returns lse. The range must be non-empty.
-double row_softmax(const double* q_row, const std::vector<double>& k_f64, IndexRange range, int64_t d_count,
-                   double scale, const ScoreMod& mod, const ScoreCoords& at, std::vector<double>& p) {
+// Fills p[j] for every key j of `keys` (segments, Visibility) with the softmax probabilities of
+// query row q_row over those keys and returns lse. `keys` must hold at least one key.
+double row_softmax(const double* q_row, const std::vector<double>& k_f64, const std::vector<IndexRange>& keys,
+                   int64_t d_count, double scale, const ScoreMod& mod, const ScoreCoords& at,
+                   std::vector<double>& p) {
   double m_i = -std::numeric_limits<double>::infinity();
-  for (int64_t j = range.lo; j <= range.hi; ++j) {
-    const double s = modified_score(q_row, k_f64, j, d_count, scale, mod, at);
-    p[static_cast<size_t>(j - range.lo)] = s;
-    m_i = std::max(m_i, s);
-  }
+  for (const IndexRange& seg : keys)
+    for (int64_t j = seg.lo; j <= seg.hi; ++j) {
+      const double s = modified_score(q_row, k_f64, j, d_count, scale, mod, at);
+      p[static_cast<size_t>(j)] = s;
+      m_i = std::max(m_i, s);
+    }
   double l_i = 0.0;
-  const size_t n = static_cast<size_t>(range.size());
-  for (size_t j = 0; j < n; ++j) {
-    p[j] = std::exp(p[j] - m_i);
-    l_i += p[j];
-  }
-  for (size_t j = 0; j < n; ++j) p[j] /= l_i;
+  for (const IndexRange& seg : keys)
+    for (int64_t j = seg.lo; j <= seg.hi; ++j) {
+      p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m_i);
+      l_i += p[static_cast<size_t>(j)];
+    }
+  for (const IndexRange& seg : keys)
+    for (int64_t j = seg.lo; j <= seg.hi; ++j) p[static_cast<size_t>(j)] /= l_i;
   return m_i + std::log(l_i);
 }
 
@@ -188,27 +227,29 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
   const int32_t group = problem.q.heads / problem.k.heads;
   const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
-  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const Visibility visibility = Visibility::from(problem);
   const ScoreMod mod = ScoreMod::from(problem);
 
   std::vector<double> k_f64, v_f64, q_f64, o_f64, p(static_cast<size_t>(s.lk));
+  std::vector<IndexRange> keys;
   load_head<T>(problem.k, s.kv_begin, s.lk, task.kv_head, k_f64);
   load_head<T>(problem.v, s.kv_begin, s.lk, task.kv_head, v_f64);
   for (int32_t h = task.kv_head * group; h < (task.kv_head + 1) * group; ++h) {
     load_head<T>(problem.q, s.q_begin, s.lq, h, q_f64);
     o_f64.assign(static_cast<size_t>(s.lq * dv_count), 0.0);
     for (int64_t i = 0; i < s.lq; ++i) {
-      const IndexRange range = mask.key_range(i, s.lq, s.lk);
+      visibility.segments(task.batch, i, s.lq, s.lk, keys);
       double lse = -std::numeric_limits<double>::infinity();
-      if (!range.empty()) {
-        lse = row_softmax(q_f64.data() + i * d_count, k_f64, range, d_count, scale, mod,
-                          {h, i, 0, s.lq, s.lk}, p);
+      if (!keys.empty()) {
+        lse = row_softmax(q_f64.data() + i * d_count, k_f64, keys, d_count, scale, mod, {h, i, 0, s.lq, s.lk},
+                          p);
         double* o_row = o_f64.data() + i * dv_count;
-        for (int64_t j = range.lo; j <= range.hi; ++j) {
-          const double p_ij = p[static_cast<size_t>(j - range.lo)];
-          const double* v_row = v_f64.data() + j * dv_count;
-          for (int64_t d = 0; d < dv_count; ++d) o_row[d] += p_ij * v_row[d];
-        }
+        for (const IndexRange& seg : keys)
+          for (int64_t j = seg.lo; j <= seg.hi; ++j) {
+            const double p_ij = p[static_cast<size_t>(j)];
+            const double* v_row = v_f64.data() + j * dv_count;
+            for (int64_t d = 0; d < dv_count; ++d) o_row[d] += p_ij * v_row[d];
+          }
       }
       if (args.lse != nullptr) args.lse[h * lse_rows + s.out_begin + i] = static_cast<float>(lse);
     }
@@ -248,34 +289,37 @@ struct HeadOperands {
   const float* lse_row;
 };
 
-void accumulate_head_backward(const HeadOperands& in, const SequenceSpan& s, int64_t d_count,
-                              int64_t dv_count, const MaskPolicy& mask, const ScoreMod& mod, int32_t h,
+// Sequence b's keys as `visibility` says (the mask and the block mask).
+void accumulate_head_backward(const HeadOperands& in, const SequenceSpan& s, int32_t b, int64_t d_count,
+                              int64_t dv_count, const Visibility& visibility, const ScoreMod& mod, int32_t h,
                               double scale, HeadGrads grads) {
+  std::vector<IndexRange> keys;
   for (int64_t i = 0; i < s.lq; ++i) {
-    const IndexRange range = mask.key_range(i, s.lq, s.lk);
+    visibility.segments(b, i, s.lq, s.lk, keys);
     const double lse_i = static_cast<double>(in.lse_row[i]);
-    if (range.empty() || lse_i == -std::numeric_limits<double>::infinity()) continue;
+    if (keys.empty() || lse_i == -std::numeric_limits<double>::infinity()) continue;
     const double* q_row = in.q_f64.data() + i * d_count;
     const double* do_row = in.do_f64.data() + i * dv_count;
     const double delta_i = dot(do_row, in.o_f64.data() + i * dv_count, dv_count);
     double* dq_row = grads.dq_f64 != nullptr ? grads.dq_f64 + i * d_count : nullptr;
     const ScoreCoords at{h, i, 0, s.lq, s.lk};
-    for (int64_t j = range.lo; j <= range.hi; ++j) {
-      double dscore_ij = 1.0;
-      const double p_ij =
-          std::exp(modified_score(q_row, in.k_f64, j, d_count, scale, mod, at, &dscore_ij) - lse_i);
-      const double dp_ij = dot(do_row, in.v_f64.data() + j * dv_count, dv_count);
-      const double ds_ij = p_ij * (dp_ij - delta_i) * dscore_ij;
-      const double* k_row = in.k_f64.data() + j * d_count;
-      if (dq_row != nullptr)
-        for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
-      if (grads.dk_f64 != nullptr) {
-        double* dk_row = grads.dk_f64 + j * d_count;
-        double* dv_row = grads.dv_f64 + j * dv_count;
-        for (int64_t d = 0; d < d_count; ++d) dk_row[d] += scale * ds_ij * q_row[d];
-        for (int64_t d = 0; d < dv_count; ++d) dv_row[d] += p_ij * do_row[d];
+    for (const IndexRange& seg : keys)
+      for (int64_t j = seg.lo; j <= seg.hi; ++j) {
+        double dscore_ij = 1.0;
+        const double p_ij =
+            std::exp(modified_score(q_row, in.k_f64, j, d_count, scale, mod, at, &dscore_ij) - lse_i);
+        const double dp_ij = dot(do_row, in.v_f64.data() + j * dv_count, dv_count);
+        const double ds_ij = p_ij * (dp_ij - delta_i) * dscore_ij;
+        const double* k_row = in.k_f64.data() + j * d_count;
+        if (dq_row != nullptr)
+          for (int64_t d = 0; d < d_count; ++d) dq_row[d] += scale * ds_ij * k_row[d];
+        if (grads.dk_f64 != nullptr) {
+          double* dk_row = grads.dk_f64 + j * d_count;
+          double* dv_row = grads.dv_f64 + j * dv_count;
+          for (int64_t d = 0; d < d_count; ++d) dk_row[d] += scale * ds_ij * q_row[d];
+          for (int64_t d = 0; d < dv_count; ++d) dv_row[d] += p_ij * do_row[d];
+        }
       }
-    }
   }
 }
 
@@ -289,7 +333,7 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
   const int32_t group = problem.q.heads / problem.k.heads;
   const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
-  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const Visibility visibility = Visibility::from(problem);
   const ScoreMod mod = ScoreMod::from(problem);
   const bool own_dq = !is_pooled(problem);
 
@@ -304,7 +348,7 @@ void backward_task(const jf_bwd_args& args, const Task& task) {
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
     if (own_dq) dq_f64.assign(static_cast<size_t>(s.lq * d_count), 0.0);
     const HeadOperands in{q_f64, k_f64, v_f64, o_f64, do_f64, args.lse + h * lse_rows + s.out_begin};
-    accumulate_head_backward(in, s, d_count, dv_count, mask, mod, h, scale,
+    accumulate_head_backward(in, s, task.batch, d_count, dv_count, visibility, mod, h, scale,
                              {own_dq ? dq_f64.data() : nullptr, dk_f64.data(), dv_f64.data()});
     if (own_dq) store_head<T>(args.dq, s.q_begin, s.lq, h, dq_f64);
   }
@@ -323,7 +367,7 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
   const int32_t kv_head = h / (problem.q.heads / problem.k.heads);
   const int64_t lse_rows = output_rows(problem);
   const double scale = softmax_scale(problem);
-  const MaskPolicy mask = MaskPolicy::from(problem.mask, problem.window_left, problem.window_right);
+  const Visibility visibility = Visibility::from(problem);  // no block mask with pooled attention
   const ScoreMod mod = ScoreMod::from(problem);
 
   std::vector<double> q_f64, k_f64, v_f64, o_f64, do_f64;
@@ -337,7 +381,7 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
     load_head<T>(args.out, s.out_begin, s.lq, h, o_f64);
     load_head<T>(args.dout, s.out_begin, s.lq, h, do_f64);
     const HeadOperands in{q_f64, k_f64, v_f64, o_f64, do_f64, args.lse + h * lse_rows + s.out_begin};
-    accumulate_head_backward(in, s, d_count, dv_count, mask, mod, h, scale,
+    accumulate_head_backward(in, s, b, d_count, dv_count, visibility, mod, h, scale,
                              {dq_f64.data(), nullptr, nullptr});
   }
   store_head<T>(args.dq, 0, lq, h, dq_f64);
