@@ -2,7 +2,9 @@
 // correct over fast. It checks the Hopper kernels on batches too large for the CPU reference.
 //
 // One warp owns one (row, head): the lanes split the head dim, a shuffle reduction gives each
-// score, and the loop runs only over the keys the mask leaves visible. The call's score modifier
+// score, and the loop runs only over the keys the mask leaves visible, stepping over the blocks a
+// block-sparse map hides (problem.block_mask, core/block_mask.hpp; read on the device; a row that
+// sees no key gets out = 0, lse = -inf, zero gradients). The call's score modifier
 // (core/score_mod.hpp: softcap, ALiBi) maps each scaled score and gives dS its derivative, as in
 // the CPU reference; problem.alibi_slopes is read on the device. No atomics anywhere, so results
 // are bitwise reproducible.

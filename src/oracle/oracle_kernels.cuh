@@ -2,6 +2,7 @@
 // dim) instantiation files.
 #pragma once
 
+#include "core/block_mask.hpp"
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
 #include "core/pooled.hpp"
@@ -47,6 +48,7 @@ struct JaggedGeometry {
   int32_t num_heads;
   int32_t group;  // query heads per kv head
   MaskPolicy mask;
+  BlockMask blocks;  // the block-sparse map (device pointers); none when !blocks.present()
   ScoreMod mod;
   float scale;
   // What the row a warp holds (q; in the dk/dv kernel, k) is multiplied by as it is loaded, so that
@@ -68,6 +70,7 @@ inline JaggedGeometry geometry(const jf_problem& p, const Workspace& ws) {
   g.num_heads = p.q.heads;
   g.group = p.q.heads / p.k.heads;
   g.mask = MaskPolicy::from(p.mask, p.window_left, p.window_right);
+  g.blocks = BlockMask::from(p);
   g.mod = ScoreMod::from(p);
   g.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(static_cast<float>(p.q.head_dim));
   g.dot_scale = g.mod.is_none() ? g.scale * kLog2e : g.scale;
@@ -136,6 +139,18 @@ __device__ __forceinline__ float log2_score(const JaggedGeometry& g, float dot, 
 __device__ __forceinline__ float modified_ds(const JaggedGeometry& g, float ds, float dot,
                                              const ScoreCoords& at) {
   return g.mod.is_none() ? ds : ds * g.mod.dscore(dot, at);
+}
+
+// The block mask in the loops over keys (or, in the dk/dv kernel, over queries): whether the pair
+// (i, j) of sequence b is in a hidden block, and where the loop resumes, the last index of that
+// block (the loop's ++ then steps to the next block's first). The index is the same in every
+// lane, so the branch never diverges.
+__device__ __forceinline__ bool block_hidden(const JaggedGeometry& g, int32_t b, int64_t i, int64_t j,
+                                             int64_t lk) {
+  return !g.blocks.visible(b, i, j, lk);  // visible() is true without a map
+}
+__device__ __forceinline__ int64_t last_of_block(int64_t index) {
+  return (index / BlockMask::kBlock + 1) * BlockMask::kBlock - 1;
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -214,6 +229,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     acc.zero();
     float m_i = -INFINITY, l_i = 0.f;  // log2 units
     for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+      if (block_hidden(g, place.b, place.i, j, place.lk)) {
+        j = last_of_block(j);
+        continue;
+      }
       at.j = j;
       const float s = log2_score(g, q_row.dot(k.at(kv_start + j, kv_head), lane), at);
       const float m_new = fmaxf(m_i, s);
@@ -260,6 +279,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     dq_acc.zero();
     if (lse_log2 != -INFINITY) {
       for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+        if (block_hidden(g, place.b, place.i, j, place.lk)) {
+          j = last_of_block(j);
+          continue;
+        }
         at.j = j;
         const T* k_row = k.at(kv_start + j, kv_head);
         const float dot = q_row.dot(k_row, lane);
@@ -350,6 +373,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     for (int32_t h = kv_head * g.group; h < (kv_head + 1) * g.group; ++h) {
       at.head = h;
       for (int64_t i = queries.lo; i <= queries.hi; ++i) {
+        if (block_hidden(g, b, i, row - kv_start, lk)) {
+          i = last_of_block(i);
+          continue;
+        }
         at.i = i;
         const int64_t out_row_idx = out_start + i;
         const float lse_log2 = lse[int64_t(h) * g.total_q + out_row_idx] * kLog2e;

@@ -1,5 +1,6 @@
 #include "testing/gpu_batch.hpp"
 
+#include "core/block_mask.hpp"
 #include "core/dtype.hpp"
 #include "core/mask.hpp"
 
@@ -96,6 +97,10 @@ jf_problem GpuBatch::problem() const {
   p.score_mod = spec.score_mod;
   p.softcap = spec.softcap;
   p.alibi_slopes = spec.alibi_slopes.empty() ? nullptr : d_alibi_slopes.as<float>();
+  if (spec.block_mask) {
+    p.block_mask.blocks = d_blocks.as<uint8_t>();
+    p.block_mask.offsets = d_block_offsets.as<int32_t>();
+  }
   return p;
 }
 
@@ -127,10 +132,29 @@ jf_bwd_args GpuBatch::backward_args(jf_backend backend) const {
 
 double GpuBatch::forward_flops() const {
   const MaskPolicy mask = MaskPolicy::from(spec.mask, spec.window_left, spec.window_right);
+  BlockMask blocks;
+  if (spec.block_mask) {
+    blocks.blocks = spec.blocks.data();
+    blocks.offsets = spec.block_offsets.data();
+  }
   double pairs = 0;
-  for (size_t b = 0; b + 1 < q_offsets.size(); ++b)
-    pairs += static_cast<double>(
-        mask.visible_pairs(q_offsets[b + 1] - q_offsets[b], kv_offsets[b + 1] - kv_offsets[b]));
+  for (size_t b = 0; b + 1 < q_offsets.size(); ++b) {
+    const int64_t lq = q_offsets[b + 1] - q_offsets[b], lk = kv_offsets[b + 1] - kv_offsets[b];
+    if (!blocks.present()) {
+      pairs += static_cast<double>(mask.visible_pairs(lq, lk));
+      continue;
+    }
+    // Each row's key range cut to its query block's visible key blocks.
+    for (int64_t i = 0; i < lq; ++i) {
+      const IndexRange r = mask.key_range(i, lq, lk);
+      if (r.empty()) continue;
+      for (int64_t kb = r.lo / BlockMask::kBlock; kb <= r.hi / BlockMask::kBlock; ++kb) {
+        if (!blocks.block_visible(static_cast<int32_t>(b), i / BlockMask::kBlock, kb, lk)) continue;
+        const IndexRange keys = MaskPolicy::block_rows(kb, BlockMask::kBlock, lk);
+        pairs += static_cast<double>(std::min(r.hi, keys.hi) - std::max(r.lo, keys.lo) + 1);
+      }
+    }
+  }
   return 4.0 * spec.heads * spec.head_dim * pairs;
 }
 
@@ -144,6 +168,13 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   g.d_q_offsets = DeviceBuffer::from_host(g.q_offsets);
   g.d_kv_offsets = DeviceBuffer::from_host(g.kv_offsets);
   if (!s.alibi_slopes.empty()) g.d_alibi_slopes = DeviceBuffer::from_host(s.alibi_slopes);
+  if (s.block_mask) {
+    // At least one byte: a map of no bytes (every sequence empty) still needs a non-null pointer.
+    std::vector<uint8_t> bytes = s.blocks;
+    if (bytes.empty()) bytes.push_back(0);
+    g.d_blocks = DeviceBuffer::from_host(bytes);
+    g.d_block_offsets = DeviceBuffer::from_host(s.block_offsets);
+  }
   const int64_t tq = g.total_q(), tk = g.total_kv();
   g.q = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
   g.out = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
@@ -218,6 +249,20 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
   fa.problem.score_mod = s.score_mod;
   fa.problem.softcap = s.softcap;
   fa.problem.alibi_slopes = s.alibi_slopes.empty() ? nullptr : s.alibi_slopes.data();
+  // The sampled sequences' maps, back to back (the map of sequence b is its own, whatever its place).
+  std::vector<uint8_t> sample_blocks(1, 0);  // at least one byte: a non-null pointer
+  std::vector<int32_t> sample_block_offsets(1, 0);
+  if (s.block_mask) {
+    sample_blocks.clear();
+    for (int32_t b : seqs) {
+      sample_blocks.insert(sample_blocks.end(), s.blocks.begin() + s.block_offsets[b],
+                           s.blocks.begin() + s.block_offsets[b + 1]);
+      sample_block_offsets.push_back(static_cast<int32_t>(sample_blocks.size()));
+    }
+    if (sample_blocks.empty()) sample_blocks.push_back(0);
+    fa.problem.block_mask.blocks = sample_blocks.data();
+    fa.problem.block_mask.offsets = sample_block_offsets.data();
+  }
   test::HostTensor ref_out = test::make_tensor(s.dtype, sample_q, s.heads, s.head_dim, s.row_pad);
   std::vector<float> ref_lse(static_cast<size_t>(s.heads * sample_q));
   fa.out = ref_out.view();

@@ -31,6 +31,11 @@ struct BatchSpec {
   jf_score_mod score_mod = JF_SCORE_MOD_NONE;
   float softcap = 0.f;
   std::vector<float> alibi_slopes;
+  // A block-sparse map (jf_block_mask) when block_mask is set: block_offsets [B+1] and the maps'
+  // bytes (copied to the device by make_gpu_batch).
+  bool block_mask = false;
+  std::vector<uint8_t> blocks;
+  std::vector<int32_t> block_offsets;
 };
 
 struct GpuBatch {
@@ -38,7 +43,8 @@ struct GpuBatch {
   std::vector<int32_t> q_offsets, kv_offsets;  // host copies
   DeviceBuffer d_q_offsets, d_kv_offsets;
   DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv, workspace;
-  DeviceBuffer d_alibi_slopes;  // spec.alibi_slopes on the device (empty without ALiBi)
+  DeviceBuffer d_alibi_slopes;             // spec.alibi_slopes on the device (empty without ALiBi)
+  DeviceBuffer d_blocks, d_block_offsets;  // spec's block mask on the device (empty without one)
   jf_tensor q_view{}, k_view{}, v_view{}, out_view{}, dout_view{}, dq_view{}, dk_view{}, dv_view{};
 
   int64_t total_q() const { return q_offsets.back(); }
@@ -46,7 +52,8 @@ struct GpuBatch {
   jf_problem problem() const;
   jf_fwd_args forward_args(jf_backend backend) const;
   jf_bwd_args backward_args(jf_backend backend) const;
-  // Visible (query, key) pairs summed over sequences, times heads: useful-FLOP counts.
+  // Visible (query, key) pairs summed over sequences (the mask and the block mask), times heads:
+  // useful-FLOP counts.
   double forward_flops() const;
 };
 
