@@ -20,7 +20,8 @@ sequence's causal mask, BLOCK_SIZE 128. Its BlockMask is built at block level fr
 (flex_block_mask: which 128-token blocks of the packed sequence hold a visible pair, and which
 are visible throughout), or with --flex-mask create_block_mask by torch's create_block_mask on
 the mask_mod (_compile=True; it evaluates every token pair, seconds at the largest batches);
-python/tests/test_block_mask_tool.py checks that both give the same blocks. Before timing,
+python/tests/test_block_mask_tool.py checks that both give the same blocks, and that
+FlexAttention with them gives jagflash's output (CPU, forward). Before timing,
 jagflash's output is checked against FlexAttention's (max |difference| / max |FlexAttention's|);
 a case over 5e-2 is reported as wrong and its ratios are left out. Timing: compare's
 measure_interleaved (medians of CUDA-event samples, the implementations in turns). Writes

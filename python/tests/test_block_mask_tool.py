@@ -1,6 +1,7 @@
 """bench/block_mask.py without a GPU: its options, its document pattern, the table, and its
 FlexAttention BlockMask built at block level against torch's create_block_mask on the same
-mask_mod (both on the CPU, small batches): the same partial and full blocks."""
+mask_mod (both on the CPU, small batches): the same partial and full blocks; FlexAttention with it
+gives jagflash's output with the same map."""
 import sys
 from pathlib import Path
 
@@ -110,3 +111,27 @@ def test_flex_lookups_keep_one_shape_for_the_run():
     offsets = peers.offsets_of(LENGTHS[0], "cpu")
     with pytest.raises(ValueError, match="capacity"):
         bench.set_flex_state(LENGTHS[0], jagflash.BlockMask.full(offsets), 2048, torch.device("cpu"), capacity=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", ["random", "documents"])
+def test_flex_with_the_bench_mask_matches_jagflash(causal, pattern):
+    """FlexAttention (eager, CPU, forward) with the BlockMask the benchmark builds gives
+    jagflash's output with the same map: the check the benchmark makes before timing."""
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention").flex_attention
+    lengths = LENGTHS[0]
+    offsets = peers.offsets_of(lengths, "cpu")
+    mask = bench.make_block_mask(pattern, lengths, offsets, 0.4, 11)
+    length = -(-sum(lengths) // 128) * 128
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g) for _ in range(3))
+    mine = jagflash.jagged_attention(q, k, v, offsets, causal=causal, block_mask=mask)
+
+    def padded(t):
+        p = torch.zeros(length, 2, 32)
+        p[:sum(lengths)] = t
+        return p.unsqueeze(0).transpose(1, 2)
+
+    flex_mask = bench.flex_block_mask(lengths, mask, length, causal, torch.device("cpu"))
+    theirs = flex_attention(padded(q), padded(k), padded(v), block_mask=flex_mask)[0].transpose(0, 1)[:sum(lengths)]
+    torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
