@@ -1,5 +1,5 @@
 // GPU tests of block-sparse attention (jf_problem.block_mask): the GPU oracle (JF_BACKEND_ORACLE)
-// and the backend AUTO picks (the Hopper kernels on an H200 once they serve block masks), forward
+// and the backend AUTO picks (the Hopper kernels on an H200), forward
 // (out, lse) and backward (dq, dk, dv) against the CPU float64 reference on every sequence, which
 // evaluates the same map (test_reference_block_mask.cpp checks the reference against a dense
 // computation): random, document, prefix-LM maps, a map row of zeros (rows that see nothing) and a
@@ -13,6 +13,8 @@
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
+
+#include <cuda_runtime.h>
 
 #include <gtest/gtest.h>
 
@@ -119,18 +121,23 @@ void size_workspace(GpuBatch& g, jf_backend backend) {
   if (need > g.workspace.bytes()) g.workspace = DeviceBuffer(need);
 }
 
-// AUTO's backend for g, or skips the test when no GPU backend serves g's block mask yet on this
-// GPU (the Hopper kernels before they take block masks).
+// Whether AUTO serves g's block mask on this GPU: the Hopper kernels on an H200/H100 (asserted:
+// a Hopper GPU must not fall back to the oracle at D = 64/128), the oracle elsewhere.
 bool auto_serves(const GpuBatch& g) {
   const jf_problem p = g.problem();
   jf_launch l{};
   for (jf_direction dir : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD}) {
     jf_backend b = JF_BACKEND_AUTO;
     const jf_status st = jagflash_query_backend(&p, &l, dir, &b);
-    if (st == JF_ERR_UNSUPPORTED &&
-        std::string(jagflash_last_error()).find("problem.block_mask") != std::string::npos)
-      return false;
     EXPECT_EQ(st, JF_OK) << jagflash_last_error();
+    if (st != JF_OK) return false;
+    int device = 0, major = 0, minor = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (major == 9 && minor == 0) {
+      EXPECT_EQ(b, JF_BACKEND_HOPPER) << "a block mask at D = " << p.q.head_dim << " on a Hopper GPU";
+    }
   }
   return true;
 }

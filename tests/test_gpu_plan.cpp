@@ -36,7 +36,7 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
   DeviceBuffer workspace(layout.total_bytes);
   DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
   const schedule::PlanKey key = schedule::plan_key({kTileM, kTileN}, batch, q_off.back(), kv_off.back());
-  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(
+  ASSERT_EQ(cudaSuccess, schedule::build_device_plan(
                              d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN, flag.as<int32_t>(),
                              stored_key.as<schedule::PlanKey>(), key, workspace.get(), layout, nullptr,
                              /*first_block_first=*/false, builder));
@@ -140,9 +140,9 @@ TEST(GpuDevicePlan, SmallAndLargeBuildersGiveTheSamePlan) {
         DeviceBuffer stored_key =
             DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
         ASSERT_EQ(cudaSuccess,
-                  schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
-                                               flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
-                                               workspace.get(), layout, nullptr, first_block_first, b));
+                  schedule::build_device_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
+                                              flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                              workspace.get(), layout, nullptr, first_block_first, b));
         ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
         schedule::PlanKey stored{};
         stored_key.to_host(&stored);
@@ -178,8 +178,8 @@ TEST(GpuDevicePlan, SmallAndLargeBuildersGiveTheSamePlan) {
   ASSERT_GT(big.max_pairs, schedule::kSmallPlanMaxPairs);
   EXPECT_EQ(
       cudaErrorInvalidValue,
-      schedule::build_forward_plan(nullptr, nullptr, 4000, 128, 128, nullptr, nullptr, schedule::PlanKey{},
-                                   nullptr, big, nullptr, false, schedule::PlanBuilder::kSmall));
+      schedule::build_device_plan(nullptr, nullptr, 4000, 128, 128, nullptr, nullptr, schedule::PlanKey{},
+                                  nullptr, big, nullptr, false, schedule::PlanBuilder::kSmall));
 }
 
 // A build the offsets check stopped must not leave an older plan's key behind: a later call
@@ -192,9 +192,9 @@ TEST(GpuDevicePlan, FailedBuildClearsTheStoredKey) {
   DeviceBuffer workspace(layout.total_bytes);
   const schedule::PlanKey key = schedule::plan_key({128, 128}, 2, 9, 9);
   DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{key});  // an older build's
-  ASSERT_EQ(cudaSuccess, schedule::build_forward_plan(d_q.as<int32_t>(), d_q.as<int32_t>(), 2, 128, 128,
-                                                      flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(),
-                                                      key, workspace.get(), layout, nullptr));
+  ASSERT_EQ(cudaSuccess, schedule::build_device_plan(d_q.as<int32_t>(), d_q.as<int32_t>(), 2, 128, 128,
+                                                     flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(),
+                                                     key, workspace.get(), layout, nullptr));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   schedule::PlanKey stored{};
   stored_key.to_host(&stored);
@@ -254,9 +254,9 @@ TEST(GpuDevicePlan, WeighsSequencesByTheirMapsVisibleBlocks) {
       ASSERT_EQ(cudaSuccess, cudaMemset(workspace.get(), 0x5a, layout.total_bytes));
       DeviceBuffer stored_key = DeviceBuffer::from_host(std::vector<schedule::PlanKey>{schedule::PlanKey{}});
       ASSERT_EQ(cudaSuccess,
-                schedule::build_forward_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
-                                             flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
-                                             workspace.get(), layout, nullptr, false, builder, seq_map));
+                schedule::build_device_plan(d_q.as<int32_t>(), d_kv.as<int32_t>(), batch, kTileM, kTileN,
+                                            flag.as<int32_t>(), stored_key.as<schedule::PlanKey>(), key,
+                                            workspace.get(), layout, nullptr, false, builder, seq_map));
       ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
       std::vector<char> ws(layout.total_bytes);
       workspace.to_host(ws.data());
@@ -300,15 +300,15 @@ TEST(GpuDevicePlan, WeighsSequencesByTheirMapsVisibleBlocks) {
   seq_map.block_mask.offsets = d_map_off.as<int32_t>();
   const schedule::DevicePlanLayout no_room = schedule::DevicePlanLayout::make(0, 1, 256, 256, 128, 128);
   EXPECT_EQ(cudaErrorInvalidValue,
-            schedule::build_forward_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 128, 128, nullptr,
-                                         nullptr, schedule::PlanKey{}, nullptr, no_room, nullptr, false,
-                                         schedule::PlanBuilder::kAuto, seq_map));
+            schedule::build_device_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 128, 128, nullptr,
+                                        nullptr, schedule::PlanKey{}, nullptr, no_room, nullptr, false,
+                                        schedule::PlanBuilder::kAuto, seq_map));
   const schedule::DevicePlanLayout small_tiles =
       schedule::DevicePlanLayout::make(0, 1, 256, 256, 64, 128, true);
   EXPECT_EQ(cudaErrorInvalidValue,
-            schedule::build_forward_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 64, 128, nullptr,
-                                         nullptr, schedule::PlanKey{}, nullptr, small_tiles, nullptr, false,
-                                         schedule::PlanBuilder::kAuto, seq_map));
+            schedule::build_device_plan(d_off.as<int32_t>(), d_off.as<int32_t>(), 1, 64, 128, nullptr,
+                                        nullptr, schedule::PlanKey{}, nullptr, small_tiles, nullptr, false,
+                                        schedule::PlanBuilder::kAuto, seq_map));
 }
 
 }  // namespace

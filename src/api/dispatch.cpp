@@ -99,9 +99,10 @@ const Entry* hopper_entry_for(const jf_problem& p, const jf_launch& l, const Ent
 
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
-      p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim, p.score_mod),
-      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 (64, 128 or 256 with a score modifier; as "
-      "instantiated in this build)");
+      p, l, kernels::find_hopper_forward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr),
+      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 (64, 128 or 256 with a score modifier, 64 "
+      "or "
+      "128 with a block mask; as instantiated in this build)");
 }
 const kernels::HopperForwardEntry* hopper_forward_for(const jf_fwd_args& a) {
   return hopper_forward_for(a.problem, a.launch);
@@ -139,14 +140,14 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
   const kernels::fwd::ForwardVariant variant = kernels::fwd::choose_forward_variant(v);
   return schedule::DevicePlanLayout::make(hopper_forward_layout(a).total_bytes, v.problem.batch_size,
                                           v.problem.q.rows, v.problem.k.rows, variant.block_m(),
-                                          variant.block_n);
+                                          variant.block_n, v.problem.block_mask.blocks != nullptr);
 }
 
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
-      p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod),
+      p, l, kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr),
       "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 128 for the backward (64 or "
-      "128 with a score modifier; as instantiated in this build; head dim 256 is served by "
+      "128 with a score modifier or a block mask; as instantiated in this build; head dim 256 is served by "
       "the oracle)");
 }
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
@@ -197,12 +198,8 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   validate_backward_shapes(a);
   BackwardWorkspace w;
   const jf_problem& p = a.problem;
-  if (p.device != JF_DEVICE_CUDA) {
-    require_block_mask_served(p, JF_BACKEND_REFERENCE);
-    return w;
-  }
+  if (p.device != JF_DEVICE_CUDA) return w;
   w.hopper = hopper_backward_for(a);
-  require_block_mask_served(p, w.hopper != nullptr ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
   if (w.hopper == nullptr) {
     require_served_head_dim(p, /*backward=*/true);
     w.layout = WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
@@ -215,7 +212,8 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
                                        p.k.heads, p.k.rows, backward_group_splits(a));
   if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
   w.plan = schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p),
-                                            kernels::kBackwardBlockN, kernels::kBackwardBlockM);
+                                            kernels::kBackwardBlockN, kernels::kBackwardBlockM,
+                                            p.block_mask.blocks != nullptr);
   w.bytes = w.plan.total_bytes;
   return w;
 }
@@ -224,12 +222,8 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
 
 jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward) {
   validate_problem_and_launch(p, l);
-  if (p.device != JF_DEVICE_CUDA) {
-    require_block_mask_served(p, JF_BACKEND_REFERENCE);
-    return JF_BACKEND_REFERENCE;
-  }
+  if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
   const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
-  require_block_mask_served(p, hopper ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
   if (hopper) return JF_BACKEND_HOPPER;
   oracle_for(p, backward);  // the call's own checks: head dim, instantiated, device code for this GPU
   return JF_BACKEND_ORACLE;
@@ -237,13 +231,8 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward)
 
 size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
-  if (a.problem.device != JF_DEVICE_CUDA) {
-    require_block_mask_served(a.problem, JF_BACKEND_REFERENCE);
-    return 0;
-  }
-  const bool hopper = hopper_forward_for(a) != nullptr;
-  require_block_mask_served(a.problem, hopper ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE);
-  if (hopper) return hopper_plan_layout(a).total_bytes;
+  if (a.problem.device != JF_DEVICE_CUDA) return 0;
+  if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
   require_served_head_dim(a.problem, /*backward=*/false);
   return WorkspaceLayout::forward_gpu().total_bytes;
 }

@@ -534,16 +534,6 @@ void check_cuda_head_dims(const jf_problem& p) {
   }
 }
 
-void require_block_mask_served(const jf_problem& p, jf_backend backend) {
-  // The CPU reference and the GPU oracle honour the map; the Hopper kernels not yet.
-  if (p.block_mask.blocks == nullptr || backend == JF_BACKEND_REFERENCE || backend == JF_BACKEND_ORACLE)
-    return;
-  fail_argument("problem.block_mask",
-                "none (blocks and offsets NULL) on the Hopper kernels, which do not serve block masks yet "
-                "(launch.backend = JF_BACKEND_ORACLE serves them on CUDA)",
-                "a block mask", JF_ERR_UNSUPPORTED);
-}
-
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {
   check_problem(p, ask_locations(l));
   check_launch(l, p);

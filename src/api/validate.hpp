@@ -34,11 +34,6 @@ void validate_problem_and_launch(const jf_problem& problem, const jf_launch& lau
 // no path serves one (dispatch.cpp, require_served_head_dim).
 void check_cuda_head_dims(const jf_problem& problem);
 
-// A block mask (problem.block_mask) on a call `backend` would serve: JF_ERR_UNSUPPORTED naming
-// problem.block_mask when that backend does not honour block masks yet, so that a map is never
-// silently ignored. The dispatcher asks it once it knows the backend (size queries included).
-void require_block_mask_served(const jf_problem& problem, jf_backend backend);
-
 // Whether the CUDA driver knows `p` as device (or managed) memory; false without a driver. One
 // driver query, unless a PointerLocationScope is open on this thread and `p` lies in an allocation
 // already asked about in it.

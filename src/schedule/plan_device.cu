@@ -284,10 +284,10 @@ DevicePlan device_plan_at(void* workspace, const DevicePlanLayout& l) {
           at<int32_t>(workspace, l.tile_counter)};
 }
 
-cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
-                               PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream,
-                               bool first_block_first, PlanBuilder builder, SequenceMap map) {
+cudaError_t build_device_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                              int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
+                              PlanKey key, void* workspace, const DevicePlanLayout& l, cudaStream_t stream,
+                              bool first_block_first, PlanBuilder builder, SequenceMap map) {
   builder = builder_knob(builder);
   const bool mapped = map.block_mask.present();
   if (mapped && (tile_m != BlockMask::kBlock || l.map_weights == 0)) return cudaErrorInvalidValue;

@@ -1,6 +1,8 @@
-// The forward's plan built on the GPU: (batch, q block) pairs in schedule::
+// The kernels' plan built on the GPU: (batch, block) pairs in schedule::
 // sort_sequences_heaviest_first's order (heaviest sequence first, a sequence's pairs together),
-// read by the persistent kernel through an atomic tile counter (tile = pair x heads + head). Built
+// read by the persistent kernel through an atomic tile counter (tile = pair x heads + head). The
+// forward's pairs are (sequence, q block); the backward builds the same plan with the two sides
+// swapped, its pairs (sequence, KV block). Built
 // from device offsets by small kernels and a CUB radix sort: no host sync, capturable in a CUDA
 // graph, and reusable by later calls with the same offsets (the plan lives in the workspace).
 #pragma once
@@ -68,11 +70,11 @@ struct SequenceMap {
   BlockMask block_mask{};
   bool by_column = false;
 };
-cudaError_t build_forward_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
-                               int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
-                               PlanKey key, void* workspace, const DevicePlanLayout& layout,
-                               cudaStream_t stream, bool first_block_first = false,
-                               PlanBuilder builder = PlanBuilder::kAuto, SequenceMap map = {});
+cudaError_t build_device_plan(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
+                              int tile_m, int tile_n, const int32_t* error_flag, PlanKey* stored_key,
+                              PlanKey key, void* workspace, const DevicePlanLayout& layout,
+                              cudaStream_t stream, bool first_block_first = false,
+                              PlanBuilder builder = PlanBuilder::kAuto, SequenceMap map = {});
 
 // offsets[b] = b * rows_per_sequence for b <= batch_size: pooled attention's output rows (every
 // sequence has the shared query set's rows), read by the plan and the kernels as q_offsets.

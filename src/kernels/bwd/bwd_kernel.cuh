@@ -28,22 +28,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (threadIdx.x == 0) {
     constexpr int kConsumerWarps = 4 * Config::kConsumerWarpgroups;  // each consumer warp arrives once
     for (uint32_t s = 0; s < SharedStorage<Traits>::kTileSlots; ++s) {
-      EmptyBarrier::init(&smem.tile_full[s], 1);
-      EmptyBarrier::init(&smem.tile_empty[s], kConsumerWarps);
+      ArrivalBarrier::init(&smem.tile_full[s], 1);
+      ArrivalBarrier::init(&smem.tile_empty[s], kConsumerWarps);
     }
-    FullBarrier::init(&smem.k_full, 1);
-    EmptyBarrier::init(&smem.k_empty, kConsumerWarps);
-    FullBarrier::init(&smem.v_full, 1);
-    EmptyBarrier::init(&smem.v_empty, kConsumerWarps);
+    TxBarrier::init(&smem.k_full, 1);
+    ArrivalBarrier::init(&smem.k_empty, kConsumerWarps);
+    TxBarrier::init(&smem.v_full, 1);
+    ArrivalBarrier::init(&smem.v_empty, kConsumerWarps);
     for (int s = 0; s < Config::kStages; ++s) {
-      FullBarrier::init(&smem.q_full[s], 1);
-      EmptyBarrier::init(&smem.q_empty[s], kConsumerWarps);
-      FullBarrier::init(&smem.do_full[s], 1);
-      EmptyBarrier::init(&smem.do_empty[s], kConsumerWarps);
+      TxBarrier::init(&smem.q_full[s], 1);
+      ArrivalBarrier::init(&smem.q_empty[s], kConsumerWarps);
+      TxBarrier::init(&smem.do_full[s], 1);
+      ArrivalBarrier::init(&smem.do_empty[s], kConsumerWarps);
     }
     for (int s = 0; s < Config::kDqStages; ++s) {
-      EmptyBarrier::init(&smem.dq_full[s], kConsumerWarps);
-      EmptyBarrier::init(&smem.dq_empty[s], 1);
+      ArrivalBarrier::init(&smem.dq_full[s], kConsumerWarps);
+      ArrivalBarrier::init(&smem.dq_empty[s], 1);
     }
     // The deterministic mode's turns follow the plan's order of a sequence's KV blocks.
     smem.dq_turns_descending = (stored_key.tag_and_tiles & schedule::kPlanFirstBlockFirst) == 0;

@@ -166,7 +166,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     // map's columns).
     schedule::SequenceMap map{};
     if constexpr (kSparse) map = {BlockMask::from(pb), /*by_column=*/true};
-    err = launch.build_plan ? schedule::build_forward_plan(
+    err = launch.build_plan ? schedule::build_device_plan(
                                   pb.kv_offsets, pb.q_offsets, pb.batch_size, Config::kBlockN,
                                   Config::kBlockM, launch.error_flag, launch.plan_key,
                                   schedule::with_block_order(key, first_block_first), launch.workspace,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "kernels/bwd/kernel_traits_bwd.cuh"
+#include "kernels/common/ring.cuh"
 
 #include <cute/tensor.hpp>
 
@@ -47,7 +48,7 @@ struct DqWriter {
     };
     for (uint32_t uses = 0;; ++uses) {
       const uint32_t stage = uses % Traits::kDqStages;
-      EmptyBarrier::wait(&smem.dq_full[stage], (uses / Traits::kDqStages) & 1);
+      common::wait_full(smem.dq_full, common::RingPosition<Traits::kDqStages>{uses});
       const DqTarget target = smem.dq_target[stage];
       if (target.stop) break;
       if (p.dq_sems != nullptr) {
@@ -68,7 +69,7 @@ struct DqWriter {
         reduce_stage(stage, target);
         bulk_wait_read_all();
       }
-      EmptyBarrier::arrive(&smem.dq_empty[stage]);
+      ArrivalBarrier::arrive(&smem.dq_empty[stage]);
     }
     bulk_wait_all();
   }

@@ -24,8 +24,8 @@
 namespace jagflash::kernels::bwd {
 
 using namespace cute;
-using common::EmptyBarrier;
-using common::FullBarrier;
+using common::ArrivalBarrier;
+using common::TxBarrier;
 
 using common::Schedule;  // how CTAs get their tiles (the forward's choices, measured the same way)
 

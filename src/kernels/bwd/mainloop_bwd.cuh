@@ -16,6 +16,7 @@
 #include "kernels/bwd/smem_stores_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
 #include "kernels/common/block_sparse.cuh"
+#include "kernels/common/ring.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 
 #include <cutlass/arch/barrier.h>
@@ -26,6 +27,7 @@ namespace jagflash::kernels::bwd {
 using namespace cute;
 using common::AccumulatorCoords;
 using common::exp2_ftz;
+using common::RingPosition;  // kernels/common/ring.cuh: every barrier wait (wait_full, wait_released)
 using common::warpgroup_gemm;
 
 // The consumer thread index (0-255), read with an asm volatile the compiler cannot hoist out
@@ -103,7 +105,7 @@ struct Loader {
     uint32_t uses = 0;  // Q blocks loaded so far (the ring's position)
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      if (round >= kSlots) EmptyBarrier::wait(&smem.tile_empty[slot], ((round / kSlots) - 1) & 1);
+      wait_released(smem.tile_empty, RingPosition<kSlots>{round});
       const int32_t tile = next_tile(p, static_cast<int32_t>(round));
       const bool has_tile = tile < total_tiles;
       TileInfo t{};
@@ -112,7 +114,7 @@ struct Loader {
         smem.tile[slot] = t;
       }
       smem.has_tile[slot] = has_tile;
-      EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
+      ArrivalBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
       if (!has_tile) return;
 
       // K and V of the tile, once, issued right after the tile's first Q block: the first Q and
@@ -128,11 +130,11 @@ struct Loader {
           tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
       bool kv_issued = false;
       auto issue_kv = [&] {
-        if (round > 0) EmptyBarrier::wait(&smem.v_empty, (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&smem.v_full, Traits::kKBytes);
+        wait_released(&smem.v_empty, RingPosition<1>{round});  // K and V: one buffer each, per tile
+        TxBarrier::arrive_and_expect_tx(&smem.v_full, Traits::kKBytes);
         copy(p.tma_v.with(smem.v_full), get<0>(v_parts), get<1>(v_parts));
-        if (round > 0) EmptyBarrier::wait(&smem.k_empty, (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&smem.k_full, Traits::kKBytes);
+        wait_released(&smem.k_empty, RingPosition<1>{round});
+        TxBarrier::arrive_and_expect_tx(&smem.k_full, Traits::kKBytes);
         copy(p.tma_k.with(smem.k_full), get<0>(k_parts), get<1>(k_parts));
         kv_issued = true;
       };
@@ -154,9 +156,9 @@ struct Loader {
           const int32_t m = rotated_q_block(t, i);
           if (!q_block_visible(p, t, m))
             continue;  // hidden by the block-sparse map (the consumers skip it too)
-          const uint32_t stage = uses % kStages, round_q = uses / kStages;
-          if (round_q > 0) EmptyBarrier::wait(&smem.q_empty[stage], (round_q - 1) & 1);
-          FullBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          const uint32_t stage = uses % kStages;
+          wait_released(smem.q_empty, RingPosition<kStages>{uses});
+          TxBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_q.with(smem.q_full[stage]), get<0>(q_parts)(_, m), get<1>(q_parts)(_, stage));
           // The stats from the aligned row at or before the block's first (the consumers skip the
           // first (row % 4)); the workspace holds kStatRows rows of slack after the last.
@@ -164,8 +166,8 @@ struct Loader {
           load_stats(smem.lse.data() + stage * Traits::kStatStride, &p.lse_map, stat_row,
                      &smem.q_full[stage]);
           if (!kv_issued) issue_kv();
-          if (round_q > 0) EmptyBarrier::wait(&smem.do_empty[stage], (round_q - 1) & 1);
-          FullBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          wait_released(smem.do_empty, RingPosition<kStages>{uses});
+          TxBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_do.with(smem.do_full[stage]), get<0>(do_parts)(_, m), get<1>(do_parts)(_, stage));
           load_stats(smem.delta.data() + stage * Traits::kStatStride, &p.delta_map, stat_row,
                      &smem.do_full[stage]);
@@ -279,13 +281,11 @@ struct Consumer {
 
     // Hands a dQ stage to the writer: the targets (thread 0) and the partial, made visible to
     // the bulk copy's async proxy before the arrival.
-    auto wait_dq_stage = [&](uint32_t stage) {
-      if (uses >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((uses / kDqStages) - 1) & 1);
-    };
+    auto wait_dq_stage = [&](uint32_t stage) { wait_released(smem.dq_empty, RingPosition<kDqStages>{uses}); };
     auto publish_dq_stage = [&](uint32_t stage) {
       cutlass::arch::fence_view_async_shared();
       __syncwarp();
-      if (lane == 0) EmptyBarrier::arrive(&smem.dq_full[stage]);
+      if (lane == 0) ArrivalBarrier::arrive(&smem.dq_full[stage]);
     };
 
     // pooled_dq_sum: the dQ ring counts handed-over stages (flushes), not Q blocks; the open
@@ -302,12 +302,12 @@ struct Consumer {
 
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      EmptyBarrier::wait(&smem.tile_full[slot], (round / kSlots) & 1);
+      wait_full(smem.tile_full, RingPosition<kSlots>{round});
       if (!smem.has_tile[slot]) {
         if (p.pooled_dq_sum) flush_open_stage();
         const uint32_t ring = p.pooled_dq_sum ? flushes : uses;
         const uint32_t stage = ring % kDqStages;
-        if (ring >= kDqStages) EmptyBarrier::wait(&smem.dq_empty[stage], ((ring / kDqStages) - 1) & 1);
+        wait_released(smem.dq_empty, RingPosition<kDqStages>{ring});
         if (thread == 0) smem.dq_target[stage].stop = 1;
         publish_dq_stage(stage);
         return;
@@ -316,8 +316,8 @@ struct Consumer {
       // tile_empty arrival): kept in registers across the loop, its fields spilled.
       const TileInfo& t = smem.tile[slot];
       if (p.pooled_dq_sum && open_head != t.head_lo) flush_open_stage();
-      EmptyBarrier::wait(&smem.k_full, round & 1);
-      EmptyBarrier::wait(&smem.v_full, round & 1);
+      wait_full(&smem.k_full, RingPosition<1>{round});
+      wait_full(&smem.v_full, RingPosition<1>{round});
       clear(tDVrDV);
       clear(tDKrDK);
       const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
@@ -327,8 +327,8 @@ struct Consumer {
           const int32_t m = rotated_q_block(t, i);  // the Q block of the tile's i-th (from m_lo) step
           // With a block-sparse map the Q blocks it hides are skipped, as the loader skips them.
           if (!q_block_visible(p, t, m)) continue;
-          const uint32_t stage = uses % kStages, phase = (uses / kStages) & 1,
-                         ds_buf = uses % Traits::kDsBuffers;
+          const RingPosition<kStages> q_at{uses};  // the Q/dO ring
+          const uint32_t stage = q_at.stage(), ds_buf = uses % Traits::kDsBuffers;
           const int32_t row0 = m * kBlockM;
           // A short sequence's last KV block may end within the tile's lower 64 keys: then
           // warpgroup 1 (the upper keys) skips S^T, dP^T, dS, dV and dK and dQ = dS K runs over
@@ -341,11 +341,11 @@ struct Consumer {
           // not known ahead, so V is freed at the tile's end instead (below).
           const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
           if (computes) {
-            EmptyBarrier::wait(&smem.q_full[stage], phase);
+            wait_full(smem.q_full, q_at);
             warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
                 mma_sdp, thr_sdp.partition_fragment_A(sK()),
                 thr_sdp.partition_fragment_B(sQ())(_, _, _, stage), tSrS);
-            EmptyBarrier::wait(&smem.do_full[stage], phase);
+            wait_full(smem.do_full, q_at);
             warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
                 mma_sdp, thr_sdp.partition_fragment_A(sV()),
                 thr_sdp.partition_fragment_B(sDo())(_, _, _, stage), tSrDp);
@@ -414,7 +414,7 @@ struct Consumer {
             warpgroup_fence_operand(tSrDp);
             if (last_dp) {
               __syncwarp();  // the tile's last dP GEMM has read V: the next tile's may load
-              if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
+              if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
             }
             if constexpr (Mod::kSoftcap && !kKeepDscore) {
 #pragma unroll
@@ -456,7 +456,7 @@ struct Consumer {
             cutlass::arch::fence_view_async_shared();
           } else if (last_dp) {
             __syncwarp();  // no dP GEMM of this warpgroup reads V any more
-            if (lane == 0) EmptyBarrier::arrive(&smem.v_empty);
+            if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
           }
           // This block's dQ partial into the next dQ stage, with where it goes; with pooled_dq_sum
           // into the open stage (opened here with the shared rows as its target), handed over later.
@@ -469,8 +469,7 @@ struct Consumer {
                 add_dq_smem<StoreOffsets>(tDQrDQ, stage_smem, fresh_consumer_thread());
                 return;
               }
-              if (flushes >= kDqStages)
-                EmptyBarrier::wait(&smem.dq_empty[dq_stage], ((flushes / kDqStages) - 1) & 1);
+              if (flushes >= kDqStages) wait_released(smem.dq_empty, RingPosition<kDqStages>{flushes});
               store_dq_smem<StoreOffsets>(tDQrDQ, stage_smem, fresh_consumer_thread());
               if (thread == 0) {
                 DqTarget target{};
@@ -532,8 +531,8 @@ struct Consumer {
             warpgroup_fence_operand(tDsrDs);
             __syncwarp();
             if (lane == 0) {
-              EmptyBarrier::arrive(&smem.q_empty[stage]);
-              EmptyBarrier::arrive(&smem.do_empty[stage]);
+              ArrivalBarrier::arrive(&smem.q_empty[stage]);
+              ArrivalBarrier::arrive(&smem.do_empty[stage]);
             }
           };
           // Once dQ is done its partial goes to the dQ stage while the GEMMs after it still run,
@@ -584,13 +583,13 @@ struct Consumer {
       // had no Q block or a block-sparse map): the loader may bring the next tile's.
       __syncwarp();
       if (lane == 0) {
-        if (Traits::kBlockSparse || t.m_lo > t.m_hi) EmptyBarrier::arrive(&smem.v_empty);
-        EmptyBarrier::arrive(&smem.k_empty);
+        if (Traits::kBlockSparse || t.m_lo > t.m_hi) ArrivalBarrier::arrive(&smem.v_empty);
+        ArrivalBarrier::arrive(&smem.k_empty);
       }
       store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, cute::cast_smem_ptr_to_uint(smem.ds.data()),
                          fresh_consumer_thread());
       __syncwarp();
-      if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);
+      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);
     }
   }
 };

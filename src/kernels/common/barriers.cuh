@@ -5,9 +5,12 @@
 
 namespace jagflash::kernels::common {
 
-// A full barrier also counts the bytes its TMA loads deliver; an empty barrier counts arrivals.
-using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
-using EmptyBarrier = cutlass::arch::ClusterBarrier;
+// Named by what they count, not by which side of a ring they guard: a transaction barrier also
+// counts the bytes its TMA loads deliver (a ring's "full" barrier of TMA-loaded data); an arrival
+// barrier counts arrivals only (every "empty" barrier, and the "full" ones a thread fills by
+// hand: tile slots, dQ stages). Both wait the same way (kernels/common/ring.cuh).
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+using ArrivalBarrier = cutlass::arch::ClusterBarrier;
 
 // A named barrier that the participating warps may reach from different instructions.
 // cutlass::arch::NamedBarrier::sync is bar.sync, the .aligned form, which requires every thread

@@ -36,18 +36,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     for (int pair = 0; pair < Config::kPairs; ++pair) {
       SharedStorage<Traits>& smem = storage[pair];
       for (int b = 0; b < 2; ++b) {
-        FullBarrier::init(&smem.q_full[b], 1);
-        EmptyBarrier::init(&smem.q_empty[b], kConsumerWarps);
+        TxBarrier::init(&smem.q_full[b], 1);
+        ArrivalBarrier::init(&smem.q_empty[b], kConsumerWarps);
       }
       for (uint32_t s = 0; s < SharedStorage<Traits>::kTileSlots; ++s) {
-        FullBarrier::init(&smem.tile_full[s], 1);
-        EmptyBarrier::init(&smem.tile_empty[s], kConsumerWarps);
+        ArrivalBarrier::init(&smem.tile_full[s], 1);  // the scheduler thread arrives by hand
+        ArrivalBarrier::init(&smem.tile_empty[s], kConsumerWarps);
       }
       for (int s = 0; s < Config::kStages; ++s) {
-        FullBarrier::init(&smem.k_full[s], 1);
-        EmptyBarrier::init(&smem.k_empty[s], kConsumerWarps);
-        FullBarrier::init(&smem.v_full[s], 1);
-        EmptyBarrier::init(&smem.v_empty[s], kConsumerWarps);
+        TxBarrier::init(&smem.k_full[s], 1);
+        ArrivalBarrier::init(&smem.k_empty[s], kConsumerWarps);
+        TxBarrier::init(&smem.v_full[s], 1);
+        ArrivalBarrier::init(&smem.v_empty[s], kConsumerWarps);
       }
     }
     cutlass::arch::fence_barrier_init();

@@ -26,7 +26,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   schedule::SequenceMap map{};
   if constexpr (Config::kBlockSparse) map.block_mask = BlockMask::from(pb);
   cudaError_t err = launch.build_plan
-                        ? schedule::build_forward_plan(
+                        ? schedule::build_device_plan(
                               pb.q_offsets, pb.kv_offsets, pb.batch_size, Config::kBlockM, Config::kBlockN,
                               launch.error_flag, launch.plan_key, key, launch.workspace, launch.plan, stream,
                               /*first_block_first=*/false, schedule::PlanBuilder::kAuto, map)

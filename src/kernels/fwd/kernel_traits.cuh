@@ -23,8 +23,8 @@ namespace jagflash::kernels::fwd {
 
 using namespace cute;
 // The pipelines' mbarriers (kernels/common/barriers.cuh, shared with the backward).
-using common::EmptyBarrier;
-using common::FullBarrier;
+using common::ArrivalBarrier;
+using common::TxBarrier;
 
 template <class Config>
 struct KernelTraits {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "kernels/common/block_sparse.cuh"
+#include "kernels/common/ring.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
@@ -22,6 +23,7 @@ namespace jagflash::kernels::fwd {
 
 using namespace cute;
 
+using common::RingPosition;    // kernels/common/ring.cuh: every barrier wait (wait_full, wait_released)
 using common::warpgroup_gemm;  // kernels/common/warpgroup_gemm.cuh, shared with the backward
 
 // Copies this thread's part of the Q tile in shared memory (one buffer) into the A-operand
@@ -42,7 +44,6 @@ template <class Traits>
 __device__ __forceinline__ common::KvBlockWalk<Traits::kBlockSparse, Traits::kBlockN> kv_block_walk(
     const Params<Traits>& p, const TileInfo& t) {
   common::KvBlockWalk<Traits::kBlockSparse, Traits::kBlockN> walk;
-  walk.lo = static_cast<int32_t>(t.kv_blocks.lo);
   if constexpr (Traits::kBlockSparse)
     walk.row = p.block_mask.row(t.batch, t.m_block * Traits::kBlockM / BlockMask::kBlock, t.len_kv);
   return walk;
@@ -70,11 +71,11 @@ struct Producer {
       // buffer is kQBuffers tiles back).
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
       const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % kSlots;
-      EmptyBarrier::wait(&smem.tile_full[slot], (q_uses / kSlots) & 1);
+      wait_full(smem.tile_full, RingPosition<kSlots>{q_uses});
       const bool has_tile = smem.has_tile[slot];
-      if (q_uses >= kQBuffers) EmptyBarrier::wait(&smem.q_empty[q_buf], ((q_uses / kQBuffers) - 1) & 1);
+      wait_released(smem.q_empty, RingPosition<kQBuffers>{q_uses});
       if (!has_tile) {
-        EmptyBarrier::arrive(&smem.q_full[q_buf]);  // the consumers read has_tile = 0 and stop
+        ArrivalBarrier::arrive(&smem.q_full[q_buf]);  // the consumers read has_tile = 0 and stop
         return;
       }
       const TileInfo t = smem.tile[slot];
@@ -87,7 +88,7 @@ struct Producer {
                              Shape<BlockM, HeadDim>{}, make_coord(t.m_block, _0{}));
       auto [tQg, tQs] =
           tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      FullBarrier::arrive_and_expect_tx(&smem.q_full[q_buf], Traits::kQBytes);
+      TxBarrier::arrive_and_expect_tx(&smem.q_full[q_buf], Traits::kQBytes);
       copy(p.tma_q.with(smem.q_full[q_buf]), tQg, tQs(_, q_buf));
 
       Tensor gK = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mK(_, _, t.kv_head)),
@@ -109,9 +110,9 @@ struct Producer {
       // One K or V block into the next stage of its ring (uses: that ring's load count).
       auto load_block = [&](const auto& tma, const auto& tg, const auto& ts, uint64_t* full, uint64_t* empty,
                             uint32_t& uses, int32_t n) {
-        const uint32_t stage = uses % kStages, round = uses / kStages;
-        if (round > 0) EmptyBarrier::wait(&empty[stage], (round - 1) & 1);
-        FullBarrier::arrive_and_expect_tx(&full[stage], Traits::kKBytes);
+        const uint32_t stage = uses % kStages;
+        wait_released(empty, RingPosition<kStages>{uses});
+        TxBarrier::arrive_and_expect_tx(&full[stage], Traits::kKBytes);
         copy(tma.with(full[stage]), tg(_, n), ts(_, stage));
         ++uses;
       };
@@ -127,7 +128,7 @@ struct Producer {
       } else {  // the visible blocks only, in the same order (the consumers walk the same)
         const auto walk = kv_block_walk<Traits>(p, t);
         int32_t previous = n_lo - 1;
-        for (int32_t n = walk.at_or_below(n_hi); n >= n_lo; n = walk.after(n)) {
+        for (int32_t n = walk.at_or_below(n_hi, n_lo); n >= n_lo; n = walk.after(n, n_lo)) {
           load_k(n);
           if (previous >= n_lo) load_v(previous);
           previous = n;
@@ -225,7 +226,7 @@ struct Consumer {
     for (;;) {
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
       const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % SharedStorage<Traits>::kTileSlots;
-      EmptyBarrier::wait(&smem.q_full[q_buf], (q_uses / kQBuffers) & 1);
+      wait_full(smem.q_full, RingPosition<kQBuffers>{q_uses});
       trace.tile_start(trace_thread, q_uses);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
@@ -236,7 +237,7 @@ struct Consumer {
         warpgroup_fence_operand(tSrQ);
         // Q is in registers: the producer may load the next tile's Q into this buffer now.
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);
+        if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[q_buf]);
       }
       // S = Q K^T of the block in stage k_stage, issued (not waited for).
       auto issue_s = [&](uint32_t k_stage) {
@@ -254,7 +255,7 @@ struct Consumer {
       // n_hi: the first block visited (the top of the range; with BlockSparse its top visible block).
       const auto walk = kv_block_walk<Traits>(p, t);
       const int32_t n_lo = static_cast<int32_t>(t.kv_blocks.lo),
-                    n_hi = walk.at_or_below(static_cast<int32_t>(t.kv_blocks.hi));
+                    n_hi = walk.at_or_below(static_cast<int32_t>(t.kv_blocks.hi), n_lo);
       int32_t bulk_lo = static_cast<int32_t>(t.unmasked.lo), bulk_hi = static_cast<int32_t>(t.unmasked.hi);
       if (bulk_lo > bulk_hi) {  // no mask-free block: everything is the masked tail
         bulk_lo = n_hi + 1;
@@ -330,10 +331,8 @@ struct Consumer {
       // Called before this block's k_uses/v_uses increments; v_ahead: 1 if this block uses a V.
       auto probe_next_kv = [&](bool exists, uint32_t v_ahead) {
         const uint32_t k_next = k_uses + 1, v_next = v_uses + v_ahead;
-        const bool k_ready =
-            EmptyBarrier::test_wait(&smem.k_full[k_next % kStages], (k_next / kStages) & 1, 1);
-        const bool v_ready =
-            EmptyBarrier::test_wait(&smem.v_full[v_next % kStages], (v_next / kStages) & 1, 1);
+        const bool k_ready = test_full(smem.k_full, RingPosition<kStages>{k_next});
+        const bool v_ready = test_full(smem.v_full, RingPosition<kStages>{v_next});
         next_kv_ready = exists & k_ready & v_ready;
       };
       if (n_lo <= n_hi) {
@@ -343,15 +342,15 @@ struct Consumer {
         // empty group committed on a conditional path made ptxas emit a dummy wgmma group
         // after P V, and wait<1> then waited for P V too — the overlap was lost until 8216650).
         const uint32_t k_stage = k_uses % kStages;
-        EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
+        wait_full(smem.k_full, RingPosition<kStages>{k_uses});
         turns.wait_turn();
         issue_s(k_stage);
         turns.pass_turn();
-        probe_next_kv(walk.more_after(n_hi), 0);  // this block's V is the next block's
+        probe_next_kv(walk.more_after(n_hi, n_lo), 0);  // this block's V is the next block's
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
+        if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
         modify_scores(n_hi);
         if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
@@ -361,12 +360,12 @@ struct Consumer {
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
       // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
       // runs while that GEMM is in flight, and only the conversion of P waits for it.
-      for (int32_t n = walk.after(n_hi); n >= n_lo; n = walk.after(n)) {
+      for (int32_t n = walk.after(n_hi, n_lo); n >= n_lo; n = walk.after(n, n_lo)) {
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
-          EmptyBarrier::wait(&smem.k_full[k_stage], (k_uses / kStages) & 1);
-          EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+          wait_full(smem.k_full, RingPosition<kStages>{k_uses});
+          wait_full(smem.v_full, RingPosition<kStages>{v_uses});
         }
         turns.wait_turn();
         trace.stamp(trace_thread, kTraceIssue);
@@ -375,12 +374,12 @@ struct Consumer {
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
             mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
-        probe_next_kv(walk.more_after(n), 1);
+        probe_next_kv(walk.more_after(n, n_lo), 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
         trace.stamp(trace_thread, kTraceScores);
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.k_empty[k_stage]);
+        if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
         modify_scores(n);
         if (n > bulk_hi || n < bulk_lo) mask_block(n);
@@ -391,7 +390,7 @@ struct Consumer {
         warpgroup_fence_operand(tOrP);
         trace.stamp(trace_thread, kTraceGemmDone);
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
+        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty[v_stage]);
         ++v_uses;
         convert_p();
         trace.stamp(trace_thread, kTraceEnd);
@@ -400,7 +399,7 @@ struct Consumer {
       if (n_lo <= n_hi) {
         // Last block's O += P V, after O's rescale for its running max.
         const uint32_t v_stage = v_uses % kStages;
-        EmptyBarrier::wait(&smem.v_full[v_stage], (v_uses / kStages) & 1);
+        wait_full(smem.v_full, RingPosition<kStages>{v_uses});
         turns.wait_turn();
         OnlineSoftmax<kRows>::rescale(o_rc, correction);
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
@@ -409,18 +408,18 @@ struct Consumer {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.v_empty[v_stage]);
+        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty[v_stage]);
         ++v_uses;
       }
 
       if constexpr (!kQInRegisters) {
         __syncwarp();
-        if (lane == 0) EmptyBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
+        if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
       }
       // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
       // nothing of it stays live in registers across the loop.
-      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);  // ends with a warpgroup barrier
-      if (lane == 0) EmptyBarrier::arrive(&smem.tile_empty[slot]);  // the slot is read for the last time
+      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);    // ends with a warpgroup barrier
+      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);  // the slot is read for the last time
       ++q_uses;
     }
   }

@@ -3,6 +3,7 @@
 // decodes them into the ring of tile slots in shared memory, a few tiles ahead of the producer.
 #pragma once
 
+#include "kernels/common/ring.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
 #include "schedule/plan.hpp"
 
@@ -58,12 +59,12 @@ struct Scheduler {
     const int32_t total_tiles = *p.num_pairs * p.num_heads;
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      if (round >= kSlots) EmptyBarrier::wait(&smem.tile_empty[slot], ((round / kSlots) - 1) & 1);
+      common::wait_released(smem.tile_empty, common::RingPosition<kSlots>{round});
       const int32_t tile = next_tile(p, static_cast<int32_t>(round), pair);
       const bool has_tile = tile < total_tiles;
       if (has_tile) smem.tile[slot] = decode_tile(p, tile);
       smem.has_tile[slot] = has_tile;
-      EmptyBarrier::arrive(&smem.tile_full[slot]);  // release: the producer's wait acquires
+      ArrivalBarrier::arrive(&smem.tile_full[slot]);  // release: the producer's wait acquires
       if (!has_tile) return;
     }
   }
