@@ -11,14 +11,14 @@ namespace jagflash::kernels::common {
 
 // The forward: the KV blocks (of kBlockN keys) of one query block's map row, from the top of the
 // mask's range [lo, hi] down (the loops' order), hidden blocks skipped; without a map exactly the
-// plain loop's expressions. The producer and the
-// consumers walk the same blocks, so their K/V rings stay in step.
+// plain loop's expressions. The producer and the consumers walk the same blocks, so their K/V
+// rings stay in step.
 template <bool kSparse, int kBlockN>
 struct KvBlockWalk {
   const uint8_t* row = nullptr;  // the map row of the tile's query block (kSparse only)
 
   __device__ __forceinline__ bool visible(int32_t n) const {
-    return row[n * kBlockN / BlockMask::kBlock] != 0;
+    return __ldg(row + n * kBlockN / BlockMask::kBlock) != 0;
   }
   // The first block to visit at or below n, down to lo: n itself without a map; lo - 1 when none.
   __device__ __forceinline__ int32_t at_or_below(int32_t n, int32_t lo) const {
@@ -32,13 +32,6 @@ struct KvBlockWalk {
       return at_or_below(n - 1, lo);
     else
       return n - 1;
-  }
-  // Whether a block is visited after n.
-  __device__ __forceinline__ bool more_after(int32_t n, int32_t lo) const {
-    if constexpr (kSparse)
-      return after(n, lo) >= lo;
-    else
-      return n > lo;
   }
 };
 

@@ -320,6 +320,14 @@ struct Consumer {
           }
         }
       };
+      // One block's scores to its probabilities (fp32, in place; correction: the rescale of the
+      // rows' earlier sum and O): the modifier, the mask outside the mask-free bulk, the online
+      // softmax. The peeled first block and the loop's blocks both take it.
+      auto scores_to_p = [&](int32_t n) {
+        modify_scores(n);
+        if (n > bulk_hi || n < bulk_lo) mask_block(n);
+        softmax_update();
+      };
       auto convert_p = [&] {
 #pragma unroll
         for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
@@ -335,6 +343,9 @@ struct Consumer {
         const bool v_ready = test_full(smem.v_full, RingPosition<kStages>{v_next});
         next_kv_ready = exists & k_ready & v_ready;
       };
+      // The block after the first: with BlockSparse read from the map once, here, and inside the
+      // loop once per block at its top (the byte load's latency then hides behind the waits).
+      const int32_t n_second = walk.after(n_hi, n_lo);
       if (n_lo <= n_hi) {
         // The first block (the last in key order, usually masked) is peeled: S alone, there is
         // no P V to overlap yet. Every later block then issues both GEMMs as two groups, so
@@ -346,21 +357,21 @@ struct Consumer {
         turns.wait_turn();
         issue_s(k_stage);
         turns.pass_turn();
-        probe_next_kv(walk.more_after(n_hi, n_lo), 0);  // this block's V is the next block's
+        probe_next_kv(Traits::kBlockSparse ? n_second >= n_lo : n_hi > n_lo,
+                      0);  // this block's V is the next one's
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
         if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
-        modify_scores(n_hi);
-        if (n_hi > bulk_hi || n_hi < bulk_lo) mask_block(n_hi);
-        softmax_update();  // correction = 0: O is still zero
+        scores_to_p(n_hi);  // correction = 0: O is still zero
         convert_p();
       }
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
       // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
       // runs while that GEMM is in flight, and only the conversion of P waits for it.
-      for (int32_t n = walk.after(n_hi, n_lo); n >= n_lo; n = walk.after(n, n_lo)) {
+      for (int32_t n = n_second, n_next = 0; n >= n_lo; n = n_next) {
+        n_next = walk.after(n, n_lo);
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
@@ -374,16 +385,14 @@ struct Consumer {
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
             mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
-        probe_next_kv(walk.more_after(n, n_lo), 1);
+        probe_next_kv(Traits::kBlockSparse ? n_next >= n_lo : n > n_lo, 1);
         warpgroup_wait<1>();  // S is ready; O += P V may still run
         warpgroup_fence_operand(tSrS);
         trace.stamp(trace_thread, kTraceScores);
         __syncwarp();
         if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
-        modify_scores(n);
-        if (n > bulk_hi || n < bulk_lo) mask_block(n);
-        softmax_update();
+        scores_to_p(n);
         trace.stamp(trace_thread, kTraceSoftmax);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
