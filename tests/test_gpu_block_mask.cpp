@@ -257,6 +257,7 @@ std::vector<unsigned char> bytes_of(const DeviceBuffer& b) {
 // Bad map offsets in both offsets-check modes, forward and backward, on the oracle and AUTO: the
 // host check refuses the call naming the entry; the device check lets it return JF_OK, writes
 // nothing, and jagflash_read_device_error reports it (which clears it: the next call runs).
+// (Offsets past the buffer: the next test.)
 TEST(GpuBlockMask, BadOffsetsRefusedByBothChecksWritingNothing) {
   BatchSpec s = block_batch(128, JF_BF16, JF_MASK_CAUSAL, 6000);
   set_map(s, map_cases()[0].fn);
@@ -315,6 +316,63 @@ TEST(GpuBlockMask, BadOffsetsRefusedByBothChecksWritingNothing) {
       }
       // Reported and cleared: a good call runs after them.
       g.d_block_offsets = DeviceBuffer::from_host(s.block_offsets);
+      run(g, backend, 0);
+    }
+}
+
+// Offsets that are right for the sequences but whose last entry offsets[B] passes the caller's
+// buffer (problem.block_mask.bytes = offsets[B] - 1, and 0): the host check refuses the call
+// naming offsets[B] and bytes; the device check (kBlockMaskPastEnd) lets it return JF_OK, the
+// kernels read no map byte and write nothing, and jagflash_read_device_error reports it (cleared:
+// the next call runs). Forward and backward, the oracle and AUTO.
+TEST(GpuBlockMask, OffsetsPastTheBufferRefusedByBothChecksWritingNothing) {
+  BatchSpec s = block_batch(128, JF_BF16, JF_MASK_CAUSAL, 6500);
+  set_map(s, map_cases()[0].fn);
+  const int64_t map_bytes = s.block_offsets.back();
+  ASSERT_GT(map_bytes, 0);
+  for (jf_backend backend : {JF_BACKEND_ORACLE, JF_BACKEND_AUTO})
+    for (int64_t bytes : {map_bytes - 1, int64_t{0}}) {
+      SCOPED_TRACE("bytes=" + std::to_string(bytes) + " backend=" + jagflash_backend_name(backend));
+      GpuBatch g = testing::make_gpu_batch(s);
+      if (backend == JF_BACKEND_AUTO && !auto_serves(g)) continue;
+      size_workspace(g, backend);
+      if (::testing::Test::HasFatalFailure()) return;
+      const std::vector<unsigned char> out0 = bytes_of(g.out), lse0 = bytes_of(g.lse), dq0 = bytes_of(g.dq),
+                                       dk0 = bytes_of(g.dk), dv0 = bytes_of(g.dv);
+      const std::string host_message = "problem.block_mask.offsets[B=" + std::to_string(s.len_q.size()) +
+                                       "]: expected <= problem.block_mask.bytes = " + std::to_string(bytes) +
+                                       " (the size of the blocks buffer), got " + std::to_string(map_bytes);
+      const char* device_message = "problem.block_mask.offsets: expected [B] <= problem.block_mask.bytes";
+      for (jf_offsets_check mode : {JF_CHECK_OFFSETS_HOST, JF_CHECK_OFFSETS_DEVICE}) {
+        SCOPED_TRACE(mode == JF_CHECK_OFFSETS_HOST ? "host check" : "device check");
+        jf_fwd_args fa = g.forward_args(backend);
+        jf_bwd_args ba = g.backward_args(backend);
+        fa.problem.block_mask.bytes = ba.problem.block_mask.bytes = bytes;
+        fa.launch.offsets_check = ba.launch.offsets_check = mode;
+        if (mode == JF_CHECK_OFFSETS_HOST) {
+          EXPECT_EQ(jagflash_fwd(&fa), JF_ERR_INVALID_ARGUMENT);
+          EXPECT_NE(std::string(jagflash_last_error()).find(host_message), std::string::npos)
+              << jagflash_last_error();
+          EXPECT_EQ(jagflash_bwd(&ba), JF_ERR_INVALID_ARGUMENT);
+          EXPECT_NE(std::string(jagflash_last_error()).find(host_message), std::string::npos)
+              << jagflash_last_error();
+        } else {
+          for (int backward = 0; backward < 2; ++backward) {
+            ASSERT_EQ(backward ? jagflash_bwd(&ba) : jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+            EXPECT_EQ(jagflash_read_device_error(fa.launch.workspace, nullptr), JF_ERR_INVALID_ARGUMENT)
+                << (backward ? "backward" : "forward");
+            EXPECT_NE(std::string(jagflash_last_error()).find(device_message), std::string::npos)
+                << jagflash_last_error();
+          }
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(bytes_of(g.out), out0) << "out written";
+        EXPECT_EQ(bytes_of(g.lse), lse0) << "lse written";
+        EXPECT_EQ(bytes_of(g.dq), dq0) << "dq written";
+        EXPECT_EQ(bytes_of(g.dk), dk0) << "dk written";
+        EXPECT_EQ(bytes_of(g.dv), dv0) << "dv written";
+      }
+      // Reported and cleared: a good call (bytes the buffer's size) runs after them.
       run(g, backend, 0);
     }
 }

@@ -442,9 +442,10 @@ struct ModRun {
     ASSERT_NE(entry, nullptr) << "this build instantiates " << oracle::instantiated();
     const jf_problem p = problem(JF_DEVICE_CUDA);
     auto* flag = d_flag.as<int32_t>();
-    ASSERT_EQ(detail::launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.batch_size,
-                                           p.q.rows, p.k.rows, flag, /*check=*/false, nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        detail::launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.block_mask.bytes,
+                                     p.batch_size, p.q.rows, p.k.rows, flag, /*check=*/false, nullptr),
+        cudaSuccess);
     jf_fwd_args f{};
     f.problem = p;
     f.out = device_view(dout, d_out);

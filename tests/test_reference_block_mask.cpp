@@ -211,6 +211,7 @@ Results run_reference(HostBatch& batch, HostTensor& dout, const MaskSpec& m, con
   if (map != nullptr) {
     p.block_mask.blocks = map->blocks.data();
     p.block_mask.offsets = map->offsets.data();
+    p.block_mask.bytes = static_cast<int64_t>(map->blocks.size());
   }
   const jf_fwd_args fa = forward_args(p, r.out, r.lse.data());
   EXPECT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();

@@ -800,13 +800,15 @@ struct BlockMaskCall : Call {
   std::vector<int32_t> map_offsets = {0, 1, 1, 2};
   std::vector<uint8_t> blocks = {1, 1};
 
-  BlockMaskCall() { set(blocks.data(), map_offsets.data()); }
-  void set(const uint8_t* b, const int32_t* offsets) {
+  BlockMaskCall() { set(blocks.data(), map_offsets.data(), static_cast<int64_t>(blocks.size())); }
+  void set(const uint8_t* b, const int32_t* offsets, int64_t bytes) {
     apply_to_problem(*this, [&](jf_problem& p) {
       p.block_mask.blocks = b;
       p.block_mask.offsets = offsets;
+      p.block_mask.bytes = bytes;
     });
   }
+  int64_t blocks_bytes() const { return static_cast<int64_t>(blocks.size()); }
 };
 
 void expect_refused(jf_status got, jf_status status, const std::vector<std::string>& parts, const Call& call,
@@ -830,7 +832,8 @@ TEST(ValidationBlockMask, BothPointersOrNeither) {
                 {"offsets without blocks", false, true, "problem.block_mask.blocks"}};
   for (const Half& h : halves) {
     BlockMaskCall call;
-    call.set(h.blocks ? call.blocks.data() : nullptr, h.offsets ? call.map_offsets.data() : nullptr);
+    call.set(h.blocks ? call.blocks.data() : nullptr, h.offsets ? call.map_offsets.data() : nullptr,
+             h.blocks ? call.blocks_bytes() : 0);
     const std::vector<std::string> parts = {std::string(h.named) + ": expected a non-null pointer",
                                             "both NULL: no block mask", "got NULL"};
     expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, parts, call, h.what);
@@ -844,7 +847,7 @@ TEST(ValidationBlockMask, BothPointersOrNeither) {
 TEST(ValidationBlockMask, OffsetsAreReadAsInt32) {
   BlockMaskCall call;
   alignas(int32_t) static unsigned char bytes[24] = {};
-  call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(bytes + 2));
+  call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(bytes + 2), call.blocks_bytes());
   expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT,
                  {"problem.block_mask.offsets", "4-byte alignment (int32)"}, call, "misaligned");
 }
@@ -870,7 +873,7 @@ TEST(ValidationBlockMask, OffsetsValues) {
     SCOPED_TRACE(b.what);
     BlockMaskCall call;
     call.map_offsets = b.offsets;
-    call.set(call.blocks.data(), call.map_offsets.data());
+    call.set(call.blocks.data(), call.map_offsets.data(), call.blocks_bytes());
     for (int backward = 0; backward < 2; ++backward) {
       try {
         if (backward)
@@ -894,9 +897,9 @@ TEST(ValidationBlockMask, OffsetsValues) {
   // Sequences longer than a block: 129 queries and 300 keys are 2 x 3 blocks.
   const int32_t q_off[] = {0, 129, 129}, kv_off[] = {0, 300, 301};
   const int32_t map_ok[] = {0, 6, 6}, map_bad[] = {0, 4, 4};
-  EXPECT_NO_THROW(detail::validate_host_block_mask_offsets(map_ok, q_off, kv_off, 2));
+  EXPECT_NO_THROW(detail::validate_host_block_mask_offsets(map_ok, q_off, kv_off, 2, /*bytes=*/6));
   try {
-    detail::validate_host_block_mask_offsets(map_bad, q_off, kv_off, 2);
+    detail::validate_host_block_mask_offsets(map_bad, q_off, kv_off, 2, /*bytes=*/6);
     ADD_FAILURE() << "accepted";
   } catch (const detail::ApiError& e) {
     EXPECT_NE(std::string(e.what()).find("= 0 + 2 * 3 = 6 (sequence 0: Lq = 129, Lk = 300), got 4"),
@@ -905,28 +908,122 @@ TEST(ValidationBlockMask, OffsetsValues) {
   }
 }
 
-// The map and its offsets are inputs: an output over either is refused (the blocks' extent once
-// their offsets have been read).
+// The map and its offsets are inputs: an output over either is refused (the blocks' extent is
+// [blocks, blocks + bytes), known without reading the offsets: the size queries refuse it too).
 TEST(ValidationBlockMask, OutputsMustBeDisjointFromTheMap) {
   {
     BlockMaskCall call;
-    call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(call.lse.data()));
+    call.set(call.blocks.data(), reinterpret_cast<const int32_t*>(call.lse.data()), call.blocks_bytes());
     expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT,
                    {"lse", "memory disjoint from the input problem.block_mask.offsets"}, call,
                    "lse over offsets");
   }
   {
     BlockMaskCall call;
-    call.set(static_cast<const uint8_t*>(call.fwd.out.data), call.map_offsets.data());
+    call.set(static_cast<const uint8_t*>(call.fwd.out.data), call.map_offsets.data(), call.blocks_bytes());
+    for (bool require_workspace : {true, false}) {
+      try {
+        detail::validate_forward(call.fwd, 0, require_workspace);
+        ADD_FAILURE() << "accepted";
+      } catch (const detail::ApiError& e) {
+        EXPECT_NE(std::string(e.what()).find(
+                      "out: expected memory disjoint from the input problem.block_mask.blocks"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  {
+    // The map's buffer just before lse: disjoint while it ends where lse begins, refused when its
+    // last byte (bytes, not offsets[B] = 2) reaches into lse.
+    BlockMaskCall call;
+    constexpr size_t kLead = 4;  // floats before lse
+    call.lse.assign(call.lse.size() + kLead, static_cast<float>(kSentinel));
+    call.fwd.lse = call.lse.data() + kLead;
+    const auto* map = reinterpret_cast<const uint8_t*>(call.lse.data());
+    const auto lead_bytes = static_cast<int64_t>(kLead * sizeof(float));
+    call.set(map, call.map_offsets.data(), lead_bytes);
+    EXPECT_NO_THROW(detail::validate_forward(call.fwd, 0, /*require_workspace=*/true));
+    call.set(map, call.map_offsets.data(), lead_bytes + 1);
     try {
       detail::validate_forward(call.fwd, 0, /*require_workspace=*/true);
       ADD_FAILURE() << "accepted";
     } catch (const detail::ApiError& e) {
       EXPECT_NE(std::string(e.what()).find(
-                    "out: expected memory disjoint from the input problem.block_mask.blocks"),
+                    "lse: expected memory disjoint from the input problem.block_mask.blocks"),
                 std::string::npos)
           << e.what();
     }
+  }
+}
+
+// bytes, the size of the blocks buffer: 0 without a map (a size given to no buffer is a mistake,
+// not ignored) and never negative; both refused by the size queries too (no offsets are read).
+TEST(ValidationBlockMask, BytesField) {
+  struct Bad {
+    const char* what;
+    bool map;
+    int64_t bytes;
+    std::vector<std::string> parts;
+  } bad[] = {
+      {"bytes without a map",
+       false,
+       2,
+       {"problem.block_mask.bytes: expected 0 with problem.block_mask.blocks NULL (no block mask), got 2"}},
+      {"negative bytes",
+       true,
+       -1,
+       {"problem.block_mask.bytes: expected >= 0 (the size of the buffer at problem.block_mask.blocks), got "
+        "-1"}},
+  };
+  for (const Bad& b : bad) {
+    BlockMaskCall call;
+    call.set(b.map ? call.blocks.data() : nullptr, b.map ? call.map_offsets.data() : nullptr, b.bytes);
+    expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, b.parts, call, b.what);
+    expect_refused(jagflash_bwd(&call.bwd), JF_ERR_INVALID_ARGUMENT, b.parts, call, b.what);
+    size_t bytes = 0;
+    EXPECT_EQ(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_ERR_INVALID_ARGUMENT) << b.what;
+    EXPECT_EQ(jagflash_bwd_workspace_size(&call.bwd, &bytes), JF_ERR_INVALID_ARGUMENT) << b.what;
+  }
+}
+
+// offsets[B] past bytes: the kernels would read past the caller's buffer. Refused where the
+// offsets are checked (on the host for CPU calls), both directions, naming the offsets' last
+// entry and bytes, nothing written; the size queries read no offsets and accept it. A buffer
+// larger than the map is fine.
+TEST(ValidationBlockMask, OffsetsPastTheBuffer) {
+  for (int64_t bytes : {int64_t{0}, int64_t{1}}) {
+    SCOPED_TRACE(bytes);
+    BlockMaskCall call;
+    call.set(call.blocks.data(), call.map_offsets.data(), bytes);
+    const std::vector<std::string> parts = {
+        "problem.block_mask.offsets[B=3]: expected <= problem.block_mask.bytes = " + std::to_string(bytes) +
+        " (the size of the blocks buffer), got 2"};
+    expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, parts, call, "forward");
+    expect_refused(jagflash_bwd(&call.bwd), JF_ERR_INVALID_ARGUMENT, parts, call, "backward");
+    size_t size = 1;
+    EXPECT_EQ(jagflash_fwd_workspace_size(&call.fwd, &size), JF_OK) << jagflash_last_error();
+    EXPECT_EQ(jagflash_bwd_workspace_size(&call.bwd, &size), JF_OK) << jagflash_last_error();
+  }
+  BlockMaskCall roomy;
+  roomy.blocks.resize(64, 1);
+  roomy.set(roomy.blocks.data(), roomy.map_offsets.data(), roomy.blocks_bytes());
+  ASSERT_EQ(jagflash_fwd(&roomy.fwd), JF_OK) << jagflash_last_error();
+  ASSERT_EQ(jagflash_bwd(&roomy.bwd), JF_OK) << jagflash_last_error();
+  // Direct: the check follows the per-sequence ones.
+  const int32_t q_off[] = {0, 129, 129}, kv_off[] = {0, 300, 301};
+  const int32_t map_ok[] = {0, 6, 6};
+  EXPECT_NO_THROW(detail::validate_host_block_mask_offsets(map_ok, q_off, kv_off, 2, /*bytes=*/7));
+  try {
+    detail::validate_host_block_mask_offsets(map_ok, q_off, kv_off, 2, /*bytes=*/5);
+    ADD_FAILURE() << "accepted";
+  } catch (const detail::ApiError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "problem.block_mask.offsets[B=2]: expected <= problem.block_mask.bytes = 5 (the size of the "
+            "blocks buffer), got 6"),
+        std::string::npos)
+        << e.what();
   }
 }
 
@@ -949,7 +1046,7 @@ TEST(ValidationBlockMask, ServedOnTheCpu) {
 TEST(ValidationBlockMask, BadOffsetsRefusedByTheCalls) {
   BlockMaskCall call;
   call.map_offsets = {0, 1, 2, 3};
-  call.set(call.blocks.data(), call.map_offsets.data());
+  call.set(call.blocks.data(), call.map_offsets.data(), call.blocks_bytes());
   const std::vector<std::string> parts = {"problem.block_mask.offsets[2]", "got 2"};
   expect_refused(jagflash_fwd(&call.fwd), JF_ERR_INVALID_ARGUMENT, parts, call, "forward");
   expect_refused(jagflash_bwd(&call.bwd), JF_ERR_INVALID_ARGUMENT, parts, call, "backward");

@@ -114,6 +114,7 @@ std::vector<Case> problem_cases() {
          static const int32_t offsets[4] = {0, 1, 1, 2};
          p.block_mask.blocks = blocks;
          p.block_mask.offsets = offsets;
+         p.block_mask.bytes = sizeof blocks;
        }),
        JF_ERR_UNSUPPORTED,
        {"problem.block_mask", "expected none (blocks and offsets NULL) with pooled attention",

@@ -83,7 +83,10 @@ typedef enum jf_score_mod {
  *   blocks:  uint8, offsets[B] bytes, in the memory q lives in.
  *   offsets: int32 [B+1], in the memory q lives in: offsets[0] == 0 and
  *            offsets[b+1] - offsets[b] == nq_b * nk_b (checked like q_offsets, jf_offsets_check).
- * Both NULL: no block mask. Not with pooled attention (JF_ERR_UNSUPPORTED). Time is proportional
+ *   bytes:   the size of the buffer at blocks, in bytes: >= 0, and offsets[B] <= bytes (checked
+ *            with the offsets, jf_offsets_check), so a map whose offsets claim more than the buffer
+ *            holds is refused instead of read past its end. 0 when blocks is NULL.
+ * All NULL / 0: no block mask. Not with pooled attention (JF_ERR_UNSUPPORTED). Time is proportional
  * to the visible blocks: the kernels skip hidden ones and the schedule weighs sequences by them.
  * Served on CPU pointers and on CUDA (the Hopper kernels at head dim 64/128 without a score
  * modifier; the oracle elsewhere). */
@@ -91,6 +94,7 @@ typedef enum jf_score_mod {
 typedef struct jf_block_mask {
   const uint8_t* blocks;
   const int32_t* offsets;
+  int64_t bytes; /* the size of the buffer at blocks; 0 with no map */
 } jf_block_mask;
 
 /* How device offsets are validated (CPU calls always check them on the host, for free).

@@ -91,10 +91,12 @@ inline void set_alibi(jf_problem& p, const float* slopes) {
 
 // A block-sparse map (jf_block_mask): sequence b's ceil(Lq/128) x ceil(Lk/128) bytes at
 // blocks + offsets[b], nonzero = the (query block, key block) pair may attend; both in the memory
-// q lives in, read during the call only. Composes with the mask (causal, windows).
-inline void set_block_mask(jf_problem& p, const uint8_t* blocks, const int32_t* offsets) {
+// q lives in, read during the call only. `bytes` is the size of the buffer at blocks: the call
+// refuses offsets whose offsets[B] exceeds it. Composes with the mask (causal, windows).
+inline void set_block_mask(jf_problem& p, const uint8_t* blocks, const int32_t* offsets, int64_t bytes) {
   p.block_mask.blocks = blocks;
   p.block_mask.offsets = offsets;
+  p.block_mask.bytes = bytes;
 }
 
 // Pooled attention (jf_problem.pooled_q_rows): q [lq, H, D] shared by every sequence, so no q

@@ -215,9 +215,8 @@ void set_score_mod(jf_problem& p, const Tensor& q, double softcap,
 // The block-sparse map (jf_block_mask): none when both are absent; else blocks a uint8 vector and
 // offsets an int32 vector of B+1 entries, on q's device (python/jagflash/_launch.py's
 // check_block_mask words a failure). Strided ones are copied into `kept` (which the call keeps
-// alive). The C library checks the offsets' values against the sequences' lengths but cannot know
-// blocks' size: on the CPU, where it costs nothing, offsets[B] is checked against it here (on CUDA
-// jagflash.BlockMask checks it when the mask is built).
+// alive). The C library checks the offsets' values against the sequences' lengths and offsets[B]
+// against blocks' size (jf_block_mask.bytes = blocks.numel()), where it checks the other offsets.
 struct KeptBlockMask {
   Tensor blocks;
   Tensor offsets;
@@ -241,18 +240,13 @@ void set_block_mask(jf_problem& p, const Tensor& q, int64_t batch_entries, const
     kept.blocks = empty({blocks->size(0)}, codes().uint8, place);
     torch::stable::copy_(kept.blocks, *blocks);
   }
-  const auto* offsets_data = static_cast<const int32_t*>(kept.offsets.data_ptr());
-  if (!place.is_cuda() && offsets_data[batch_entries - 1] > kept.blocks.numel()) {
-    fail(JF_ERR_INVALID_ARGUMENT, "block_mask.blocks: expected at least block_mask.offsets[B] = " +
-                                      std::to_string(offsets_data[batch_entries - 1]) + " bytes, got " +
-                                      std::to_string(kept.blocks.numel()));
-  }
   // An empty map (no sequence has both a query and a key block) still is a block mask: torch may
   // give its empty tensor no address, and NULL blocks beside offsets would read as a half-given
   // mask, so blocks then points at the offsets (on the same device; no byte of it is read).
   p.block_mask.blocks = kept.blocks.numel() ? static_cast<const uint8_t*>(kept.blocks.data_ptr())
                                             : static_cast<const uint8_t*>(kept.offsets.data_ptr());
-  p.block_mask.offsets = offsets_data;
+  p.block_mask.offsets = static_cast<const int32_t*>(kept.offsets.data_ptr());
+  p.block_mask.bytes = kept.blocks.numel();
 }
 
 jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,

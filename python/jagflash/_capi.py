@@ -58,11 +58,13 @@ class Tensor(ctypes.Structure):
 
 class BlockMask(ctypes.Structure):
     """jf_block_mask: the block-sparse map, every sequence's ceil(Lq/128) x ceil(Lk/128) uint8 map
-    (row-major, nonzero = visible) at blocks + offsets[b]; offsets int32 [B+1]. Both NULL: none."""
+    (row-major, nonzero = visible) at blocks + offsets[b]; offsets int32 [B+1]; bytes the size of
+    the buffer at blocks (offsets[B] <= bytes). NULL, NULL, 0: none."""
 
     _fields_ = [
         ("blocks", ctypes.c_void_p),
         ("offsets", ctypes.c_void_p),
+        ("bytes", ctypes.c_int64),
     ]
 
 

@@ -271,7 +271,7 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
         problem.q_offsets = None
         problem.pooled_q_rows = q.shape[0]
     if blocks is not None:
-        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr())
+        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr(), blocks.numel())
     args = args_type(problem=problem, launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
     with _device_guard(device):
         _backend.note_cuda_call(args, device)

@@ -99,7 +99,8 @@ class BlockMask:
         if offsets.device != blocks.device:
             raise invalid_argument("offsets.device", f"{blocks.device} (blocks' device)", offsets.device)
         if not torch.compiler.is_compiling() and not blocks.is_meta:
-            # The C library reads offsets[B] bytes at blocks and cannot know blocks' size: checked here.
+            # At build time, and exactly: the C library refuses offsets[B] > blocks.numel() (its
+            # jf_block_mask.bytes) at each call, but spare bytes past the map are a mistake too.
             last = int(offsets[-1])
             if last != blocks.numel():
                 raise invalid_argument("blocks", f"offsets[B] = {last} map bytes", f"{blocks.numel()} bytes")

@@ -132,6 +132,7 @@ _C_TERMS = (
     (r"\bproblem\.(q_offsets|kv_offsets)\b", r"\1"),
     (r"\bproblem\.scale\b", "scale"),
     (r"\bproblem\.block_mask\.(blocks|offsets)\b", r"block_mask.\1"),
+    (r"\bproblem\.block_mask\.bytes\b", "block_mask.blocks.numel()"),
     (r"\bproblem\.window_left\b", "window[0]"),
     (r"\bproblem\.window_right\b", "window[1]"),
     # Inside a message: "a divisor of q.heads (4)".

@@ -430,7 +430,8 @@ def _bad_block_masks():
         ((good.blocks, good.offsets), r"^block_mask: expected a jagflash.BlockMask or None, got tuple$"),
         (wrong_batch, r"^block_mask: expected a map for B = 7 sequences \(as q_offsets\), got one for 3$"),
         (meta, r"^block_mask.device: expected cpu \(q's device; BlockMask.to moves it\), got meta$"),
-        (short, r"^block_mask.blocks: expected at least block_mask.offsets\[B\] = \d+ bytes, got \d+$"),
+        (short, r"^block_mask.offsets\[B=7\]: expected <= block_mask.blocks.numel\(\) = \d+ \(the size of the blocks "
+                r"buffer\), got \d+$"),
     ]
 
 
@@ -458,6 +459,44 @@ def test_bad_map_offsets_are_refused_by_the_library():
         with pytest.raises(jagflash.InvalidArgumentError, match=r"block_mask\.offsets"):
             jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, block_mask=bad,
                                       check_offsets=check_offsets)
+
+
+def _short_block_mask(batch):
+    """A map whose offsets claim one byte more than its blocks hold (offsets[B] = blocks.numel() + 1):
+    the C library reads offsets[B] bytes, so it must refuse it (jf_block_mask.bytes)."""
+    good = BlockMask.full(batch.q_offsets, batch.kv_offsets)
+    short = BlockMask(good.blocks, good.offsets)
+    short.blocks = good.blocks[:-1].clone()  # a buffer of its own: nothing past it belongs to the map
+    return short
+
+
+def test_offsets_past_the_blocks_buffer_are_refused_by_the_library():
+    """offsets[B] > blocks.numel(): refused at the call (CPU tensors are checked on the host) in
+    both directions, by jagged_attention in the caller's names and by the custom op in the C
+    library's, naming the offsets' last entry and the buffer's size."""
+    batch = _batch(3217)
+    short = _short_block_mask(batch)
+    last, size = int(short.offsets[-1]), short.blocks.numel()
+    assert last == size + 1
+    q, k, v = batch.leaves()
+    message = (rf"^block_mask.offsets\[B=7\]: expected <= block_mask.blocks.numel\(\) = {size} \(the size of the "
+               rf"blocks buffer\), got {last}$")
+    for check_offsets in ("host", "auto"):
+        with pytest.raises(jagflash.InvalidArgumentError, match=message):
+            jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, block_mask=short,
+                                      check_offsets=check_offsets)
+    c_message = (rf"problem.block_mask.offsets\[B=7\]: expected <= problem.block_mask.bytes = {size} \(the size of "
+                 rf"the blocks buffer\), got {last}")
+    with pytest.raises(jagflash.InvalidArgumentError, match=c_message):
+        torch.ops.jagflash.fwd(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host",
+                               0, False, 0.0, None, short.blocks, short.offsets)
+    good = BlockMask.full(batch.q_offsets, batch.kv_offsets)
+    out, lse = torch.ops.jagflash.fwd(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0,
+                                      "host", 0, False, 0.0, None, good.blocks, good.offsets)
+    with pytest.raises(jagflash.InvalidArgumentError, match=c_message):
+        torch.ops.jagflash.bwd(torch.ones_like(out), batch.q, batch.k, batch.v, out, lse, batch.q_offsets,
+                               batch.kv_offsets, 0, -1, -1, 0.0, "host", 0, False, 0.0, None, short.blocks,
+                               short.offsets)
 
 
 def test_the_op_refuses_half_a_block_mask():
@@ -617,6 +656,26 @@ def test_cuda_full_map_matches_no_block_mask():
     full = jagflash.jagged_attention(*args, causal=True, block_mask=BlockMask.full(batch.q_offsets, batch.kv_offsets))
     # The sparse kernels may sum in another order: bf16's rounding apart, not bitwise.
     assert_close("out", full, plain.double(), TOLERANCES[batch.q.dtype][0], batch.seed)
+
+
+@needs_cuda
+def test_cuda_offsets_past_the_blocks_buffer_are_refused():
+    """offsets[B] > blocks.numel() on CUDA: "host" refuses it at the call; "device" returns, writes
+    nothing, and read_device_error() names the check (kBlockMaskPastEnd)."""
+    jagflash.synchronize()  # nothing left over from another test
+    batch = _cuda_batch(4045, 128)
+    short = _short_block_mask(batch)
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    with pytest.raises(jagflash.InvalidArgumentError,
+                       match=r"^block_mask.offsets\[B=\d+\]: expected <= block_mask.blocks.numel\(\) = \d+"):
+        jagflash.jagged_attention(*args, block_mask=short, check_offsets="host")
+    with torch.no_grad():
+        jagflash.jagged_attention(*args, block_mask=short, check_offsets="device")
+    with pytest.raises(jagflash.InvalidArgumentError,
+                       match=r"failed a check on the device.*problem.block_mask.offsets: expected \[B\] <= "
+                             r"problem.block_mask.bytes"):
+        jagflash.read_device_error()
+    jagflash.synchronize()
 
 
 @needs_cuda

@@ -30,12 +30,16 @@ inline std::string device_check_failures(int32_t flag) {
                 {kBlockMaskSizeMismatch,
                  " problem.block_mask.offsets: expected [b+1] - [b] == ceil(Lq_b/128) * ceil(Lk_b/128)"
                  " (sequence b's map bytes) for every sequence b, found another difference;"},
+                {kBlockMaskPastEnd,
+                 " problem.block_mask.offsets: expected [B] <= problem.block_mask.bytes (the size of the"
+                 " blocks buffer), found more: the map would be read past the buffer's end;"},
                 {schedule::kPlanMismatchFlag,
                  " launch.reuse_plan: expected the workspace to hold the plan of an earlier call"
                  " with the same batch size, q/kv rows and kernel variant (dtype, head dim, mask,"
                  " shapes, max_seqlen_hint), found another or none; pass reuse_plan = 0 to build it;"}};
   static_assert((schedule::kPlanMismatchFlag & (2 * kKvLastNotTotal - 1)) == 0, "flag bits overlap");
-  static_assert((schedule::kPlanMismatchFlag & (kBlockMaskFirstNotZero | kBlockMaskSizeMismatch)) == 0,
+  static_assert((schedule::kPlanMismatchFlag &
+                 (kBlockMaskFirstNotZero | kBlockMaskSizeMismatch | kBlockMaskPastEnd)) == 0,
                 "flag bits overlap");
   for (const auto& c : checks)
     if (flag & c.bit) m << c.text;

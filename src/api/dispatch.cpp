@@ -251,9 +251,9 @@ void run_forward(const jf_fwd_args& a) {
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.batch_size, p.q.rows,
-                                     p.k.rows, flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
-                                     stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.block_mask.bytes,
+                                     p.batch_size, p.q.rows, p.k.rows, flag,
+                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
     const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
@@ -284,9 +284,9 @@ void run_backward(const jf_bwd_args& a) {
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
-  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.batch_size, p.q.rows,
-                                     p.k.rows, flag, a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE,
-                                     stream));
+  JF_CUDA_CHECK(launch_offsets_check(p.q_offsets, p.kv_offsets, p.block_mask.offsets, p.block_mask.bytes,
+                                     p.batch_size, p.q.rows, p.k.rows, flag,
+                                     a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     kernels::HopperBackwardLaunch launch{};
     launch.error_flag = flag;

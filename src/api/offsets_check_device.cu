@@ -21,9 +21,10 @@ __device__ int32_t check_one(const int32_t* offsets, int32_t batch_size, int64_t
   return bits;
 }
 
-// The block-sparse map's offsets: [0] == 0 and sequence b's map of ceil(Lq_b/128) * ceil(Lk_b/128)
-// bytes, the lengths as the (possibly bad: their own bits say so) q and kv offsets give them.
-__device__ int32_t check_block_mask(const int32_t* map_offsets, const int32_t* q_offsets,
+// The block-sparse map's offsets: [0] == 0, sequence b's map of ceil(Lq_b/128) * ceil(Lk_b/128)
+// bytes, the lengths as the (possibly bad: their own bits say so) q and kv offsets give them, and
+// [B] within the caller's buffer of map_bytes bytes (the kernels read up to [B]).
+__device__ int32_t check_block_mask(const int32_t* map_offsets, int64_t map_bytes, const int32_t* q_offsets,
                                     const int32_t* kv_offsets, int32_t batch_size) {
   int32_t bits = 0;
   for (int32_t b = threadIdx.x; b < batch_size; b += blockDim.x) {
@@ -32,7 +33,10 @@ __device__ int32_t check_block_mask(const int32_t* map_offsets, const int32_t* q
     if (int64_t{map_offsets[b + 1]} - map_offsets[b] != BlockMask::entries(lq, lk))
       bits |= kBlockMaskSizeMismatch;
   }
-  if (threadIdx.x == 0 && map_offsets[0] != 0) bits |= kBlockMaskFirstNotZero;
+  if (threadIdx.x == 0) {
+    if (map_offsets[0] != 0) bits |= kBlockMaskFirstNotZero;
+    if (map_offsets[batch_size] > map_bytes) bits |= kBlockMaskPastEnd;
+  }
   return bits;
 }
 
@@ -42,8 +46,9 @@ __device__ int32_t check_block_mask(const int32_t* map_offsets, const int32_t* q
 // The flag is stored whole (0 when the offsets pass), so the call needs no memset before: the
 // kernels after it in the stream read this call's verdict alone.
 __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv_offsets,
-                                     const int32_t* block_mask_offsets, int32_t batch_size, int64_t total_q,
-                                     int64_t total_kv, int32_t* flag, int32_t* latch) {
+                                     const int32_t* block_mask_offsets, int64_t block_mask_bytes,
+                                     int32_t batch_size, int64_t total_q, int64_t total_kv, int32_t* flag,
+                                     int32_t* latch) {
   __shared__ int32_t block_bits;
   if (threadIdx.x == 0) block_bits = 0;
   __syncthreads();
@@ -52,9 +57,10 @@ __global__ void offsets_check_kernel(const int32_t* q_offsets, const int32_t* kv
                                                           kQDecreasing, kQLastNotTotal)
                                               : 0;
   // Never with pooled attention (validation refuses it): q_offsets is there when the map is.
-  const int32_t map_bits = block_mask_offsets != nullptr && q_offsets != nullptr
-                               ? check_block_mask(block_mask_offsets, q_offsets, kv_offsets, batch_size)
-                               : 0;
+  const int32_t map_bits =
+      block_mask_offsets != nullptr && q_offsets != nullptr
+          ? check_block_mask(block_mask_offsets, block_mask_bytes, q_offsets, kv_offsets, batch_size)
+          : 0;
   const int32_t bits =
       q_bits | map_bits |
       check_one(kv_offsets, batch_size, total_kv, kKvFirstNotZero, kKvDecreasing, kKvLastNotTotal);
@@ -129,15 +135,16 @@ int32_t* latch_host(int device) {
 }  // namespace
 
 cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets,
-                                 const int32_t* block_mask_offsets, int32_t batch_size, int64_t total_q,
-                                 int64_t total_kv, int32_t* flag, bool check, cudaStream_t stream) {
+                                 const int32_t* block_mask_offsets, int64_t block_mask_bytes,
+                                 int32_t batch_size, int64_t total_q, int64_t total_kv, int32_t* flag,
+                                 bool check, cudaStream_t stream) {
   // Unchecked: the flag is zeroed for the kernels that read it; checked, the check kernel sets it.
   if (!check) return cudaMemsetAsync(flag, 0, sizeof(int32_t), stream);
   int32_t* latch = nullptr;
   cudaError_t err = latch_for_launch(stream, &latch);
   if (err != cudaSuccess) return err;
-  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, block_mask_offsets, batch_size, total_q,
-                                              total_kv, flag, latch);
+  offsets_check_kernel<<<1, 256, 0, stream>>>(q_offsets, kv_offsets, block_mask_offsets, block_mask_bytes,
+                                              batch_size, total_q, total_kv, flag, latch);
   return cudaGetLastError();
 }
 

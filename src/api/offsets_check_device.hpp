@@ -22,17 +22,20 @@ enum OffsetsError : int32_t {
   // Bit 6 is schedule::kPlanMismatchFlag (schedule/plan.hpp), set by the Hopper kernels.
   kBlockMaskFirstNotZero = 1 << 7,
   kBlockMaskSizeMismatch = 1 << 8,
+  kBlockMaskPastEnd = 1 << 9,
 };
 
 // Zeroes `flag`, then (when `check` is true) validates the offset arrays on the device and sets
 // the bits above; q_offsets NULL (pooled attention) checks kv_offsets alone; block_mask_offsets
 // (NULL: no block mask) must start at 0 and give sequence b BlockMask::entries(Lq_b, Lk_b) bytes,
-// the lengths read from q_offsets and kv_offsets (never with pooled attention). Every kernel of
+// the lengths read from q_offsets and kv_offsets (never with pooled attention), and its last entry
+// must not pass block_mask_bytes, the size of the caller's map buffer. Every kernel of
 // the call reads the flag first and writes nothing when it is set. A failing check also ORs its
 // bits into the current device's latch (below), so that a later call learns of it without a sync.
 cudaError_t launch_offsets_check(const int32_t* q_offsets, const int32_t* kv_offsets,
-                                 const int32_t* block_mask_offsets, int32_t batch_size, int64_t total_q,
-                                 int64_t total_kv, int32_t* flag, bool check, cudaStream_t stream);
+                                 const int32_t* block_mask_offsets, int64_t block_mask_bytes,
+                                 int32_t batch_size, int64_t total_q, int64_t total_kv, int32_t* flag,
+                                 bool check, cudaStream_t stream);
 
 // The latch: one int32 per device in mapped pinned host memory, allocated by the first checking
 // call on that device that is not being captured into a CUDA graph (an allocation inside a

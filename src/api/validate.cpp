@@ -107,7 +107,8 @@ void check_score_mod(const jf_problem& p, bool ask_location) {
 }
 
 // The block-sparse map (jf_block_mask): both pointers or neither, so half a map is never silently
-// taken for none; the offsets are read as int32; both live where q does. The offsets' values are
+// taken for none; bytes, the buffer's size, 0 without a map and never negative; the offsets are
+// read as int32; both live where q does. The offsets' values, offsets[B] <= bytes among them, are
 // checked with the other offsets (check_offsets, or the device check).
 void check_block_mask(const jf_problem& p, bool ask_location) {
   const jf_block_mask& m = p.block_mask;
@@ -121,7 +122,16 @@ void check_block_mask(const jf_problem& p, bool ask_location) {
                   "a non-null pointer to B+1 int32 with problem.block_mask.blocks set (both NULL: no "
                   "block mask)",
                   "NULL");
+  if (m.blocks == nullptr && m.bytes != 0)
+    fail_argument("problem.block_mask.bytes", "0 with problem.block_mask.blocks NULL (no block mask)",
+                  m.bytes);
+  if (m.bytes < 0)
+    fail_argument("problem.block_mask.bytes", ">= 0 (the size of the buffer at problem.block_mask.blocks)",
+                  m.bytes);
   if (m.blocks == nullptr) return;
+  if (static_cast<uint64_t>(m.bytes) >
+      std::numeric_limits<uintptr_t>::max() - reinterpret_cast<uintptr_t>(m.blocks))
+    fail_argument("problem.block_mask.bytes", "a buffer within the address space", m.bytes);
   if (is_pooled(p))
     fail_argument("problem.block_mask",
                   "none (blocks and offsets NULL) with pooled attention (pooled_q_rows > 0)", "a block mask",
@@ -332,11 +342,9 @@ void check_no_earlier_device_error(const jf_problem& p) {
 }
 
 // Checks the offsets on the host (CPU pointers, or JF_CHECK_OFFSETS_HOST: copied from the device,
-// one sync per vector); the device check does it in a kernel instead. Returns the block mask's
-// byte count, offsets[B] (for the overlap checks), or -1 when there is no block mask or its
-// offsets stay on the device.
-int64_t check_offsets(const jf_problem& p, const jf_launch& l) {
-  if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return -1;
+// one sync per vector); the device check does it in a kernel instead.
+void check_offsets(const jf_problem& p, const jf_launch& l) {
+  if (p.device == JF_DEVICE_CUDA && l.offsets_check == JF_CHECK_OFFSETS_DEVICE) return;
   std::vector<int32_t> q_host;
   if (!is_pooled(p)) {  // pooled: no q offsets (NULL)
     q_host = offsets_to_host(p.q_offsets, p.batch_size, p, l);
@@ -344,10 +352,10 @@ int64_t check_offsets(const jf_problem& p, const jf_launch& l) {
   }
   const std::vector<int32_t> kv_host = offsets_to_host(p.kv_offsets, p.batch_size, p, l);
   validate_host_offsets("problem.kv_offsets", kv_host.data(), p.batch_size, p.k.rows);
-  if (p.block_mask.offsets == nullptr) return -1;  // never with pooled (check_block_mask)
+  if (p.block_mask.offsets == nullptr) return;  // never with pooled (check_block_mask)
   const std::vector<int32_t> map_host = offsets_to_host(p.block_mask.offsets, p.batch_size, p, l);
-  validate_host_block_mask_offsets(map_host.data(), q_host.data(), kv_host.data(), p.batch_size);
-  return map_host[static_cast<size_t>(p.batch_size)];
+  validate_host_block_mask_offsets(map_host.data(), q_host.data(), kv_host.data(), p.batch_size,
+                                   p.block_mask.bytes);
 }
 
 using NamedRanges = std::vector<std::pair<std::string, ByteRange>>;
@@ -369,6 +377,14 @@ ByteRange lse_range(const void* lse, int64_t heads, int64_t total_q) {
   if (lse == nullptr || heads * total_q == 0) return {};
   const auto b = reinterpret_cast<uintptr_t>(lse);
   return {b, b + static_cast<uintptr_t>(heads * total_q) * sizeof(float)};
+}
+
+// The block mask's whole buffer, [blocks, blocks + bytes): the offsets must keep within it
+// (checked with them), so the kernels read no byte outside it.
+ByteRange block_mask_range(const jf_block_mask& m) {
+  if (m.blocks == nullptr || m.bytes <= 0) return {};
+  const auto b = reinterpret_cast<uintptr_t>(m.blocks);
+  return {b, b + static_cast<uintptr_t>(m.bytes)};
 }
 
 // The offsets are inputs too: the implementations read them while they write the outputs.
@@ -409,14 +425,8 @@ NamedRanges problem_inputs(const jf_problem& p) {
           {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
           {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)},
           {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)},
-          {"problem.block_mask.offsets", offsets_range(p.block_mask.offsets, p.batch_size)}};
-}
-// The block mask's bytes, once their count (map_bytes, offsets[B]) has been read on the host;
-// none while it is unknown (device-checked offsets) or there is no block mask.
-NamedRanges block_mask_inputs(const jf_problem& p, int64_t map_bytes) {
-  if (p.block_mask.blocks == nullptr || map_bytes <= 0) return {};
-  const auto b = reinterpret_cast<uintptr_t>(p.block_mask.blocks);
-  return {{"problem.block_mask.blocks", {b, b + static_cast<uintptr_t>(map_bytes)}}};
+          {"problem.block_mask.offsets", offsets_range(p.block_mask.offsets, p.batch_size)},
+          {"problem.block_mask.blocks", block_mask_range(p.block_mask)}};
 }
 NamedRanges backward_outputs(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
@@ -557,7 +567,7 @@ void validate_host_offsets(const char* name, const int32_t* offsets, int32_t bat
 }
 
 void validate_host_block_mask_offsets(const int32_t* map_offsets, const int32_t* q_offsets,
-                                      const int32_t* kv_offsets, int32_t batch_size) {
+                                      const int32_t* kv_offsets, int32_t batch_size, int64_t bytes) {
   const char* name = "problem.block_mask.offsets";
   if (map_offsets[0] != 0) fail_argument(std::string(name) + "[0]", 0, map_offsets[0]);
   for (int32_t b = 0; b < batch_size; ++b) {
@@ -569,6 +579,13 @@ void validate_host_block_mask_offsets(const int32_t* map_offsets, const int32_t*
       << ") = " << map_offsets[b] << " + " << BlockMask::blocks_of(lq) << " * " << BlockMask::blocks_of(lk)
       << " = " << map_offsets[b] + entries << " (sequence " << b << ": Lq = " << lq << ", Lk = " << lk << ")";
     fail_argument(std::string(name) + "[" + std::to_string(b + 1) + "]", e.str(), map_offsets[b + 1]);
+  }
+  // The kernels read the map up to [B]: past the caller's buffer would be out of bounds.
+  if (map_offsets[batch_size] > bytes) {
+    std::ostringstream e;
+    e << "<= problem.block_mask.bytes = " << bytes << " (the size of the blocks buffer)";
+    fail_argument(std::string(name) + "[B=" + std::to_string(batch_size) + "]", e.str(),
+                  map_offsets[batch_size]);
   }
 }
 
@@ -610,9 +627,7 @@ void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool requir
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, forward_outputs(a), problem_inputs(a.problem));
-    const NamedRanges map = block_mask_inputs(a.problem, check_offsets(a.problem, a.launch));
-    check_no_overlap(forward_outputs(a), map);
-    check_workspace_disjoint(a.launch, workspace_needed, {}, map);
+    check_offsets(a.problem, a.launch);
     check_no_earlier_device_error(a.problem);
   }
 }
@@ -622,9 +637,7 @@ void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool requi
   if (require_workspace) {
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, backward_outputs(a), backward_inputs(a));
-    const NamedRanges map = block_mask_inputs(a.problem, check_offsets(a.problem, a.launch));
-    check_no_overlap(backward_outputs(a), map);
-    check_workspace_disjoint(a.launch, workspace_needed, {}, map);
+    check_offsets(a.problem, a.launch);
     check_no_earlier_device_error(a.problem);
   }
 }

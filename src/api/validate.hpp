@@ -57,8 +57,9 @@ uint64_t pointer_location_queries();
 void validate_host_offsets(const char* name, const int32_t* offsets, int32_t batch_size, int64_t total);
 
 // Host block-mask offsets [B+1] against the (already checked) host q and kv offsets:
-// map_offsets[0] == 0 and map_offsets[b+1] - map_offsets[b] == BlockMask::entries(Lq_b, Lk_b).
+// map_offsets[0] == 0, map_offsets[b+1] - map_offsets[b] == BlockMask::entries(Lq_b, Lk_b) and
+// map_offsets[B] <= bytes (the size of the caller's map buffer).
 void validate_host_block_mask_offsets(const int32_t* map_offsets, const int32_t* q_offsets,
-                                      const int32_t* kv_offsets, int32_t batch_size);
+                                      const int32_t* kv_offsets, int32_t batch_size, int64_t bytes);
 
 }  // namespace jagflash::detail

@@ -100,6 +100,7 @@ jf_problem GpuBatch::problem() const {
   if (spec.block_mask) {
     p.block_mask.blocks = d_blocks.as<uint8_t>();
     p.block_mask.offsets = d_block_offsets.as<int32_t>();
+    p.block_mask.bytes = static_cast<int64_t>(d_blocks.bytes());
   }
   return p;
 }
@@ -262,6 +263,7 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
     if (sample_blocks.empty()) sample_blocks.push_back(0);
     fa.problem.block_mask.blocks = sample_blocks.data();
     fa.problem.block_mask.offsets = sample_block_offsets.data();
+    fa.problem.block_mask.bytes = static_cast<int64_t>(sample_blocks.size());
   }
   test::HostTensor ref_out = test::make_tensor(s.dtype, sample_q, s.heads, s.head_dim, s.row_pad);
   std::vector<float> ref_lse(static_cast<size_t>(s.heads * sample_q));

@@ -25,8 +25,8 @@ std::string instantiated() { gpu_path_reached("oracle::instantiated"); }
 }  // namespace jagflash::oracle
 
 namespace jagflash::detail {
-cudaError_t launch_offsets_check(const int32_t*, const int32_t*, const int32_t*, int32_t, int64_t, int64_t,
-                                 int32_t*, bool, cudaStream_t) {
+cudaError_t launch_offsets_check(const int32_t*, const int32_t*, const int32_t*, int64_t, int32_t, int64_t,
+                                 int64_t, int32_t*, bool, cudaStream_t) {
   gpu_path_reached("launch_offsets_check");
 }
 cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("portable_image"); }
