@@ -51,7 +51,7 @@ fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   # Small cases: the sanitizers slow kernels down by orders of magnitude.
-  small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten:GpuPooled.SmallCaseForSanitizers:GpuScoreMod.SmallCaseForSanitizers:GpuHeadDims.SmallCaseForSanitizers'
+  small='GpuHopperForward.NeverWritesPastTheLastSequence:GpuHopperForward.RefusesWhatItCannotServe:GpuOracle.PaddingBetweenRowsIsNeverWritten:GpuPooled.SmallCaseForSanitizers:GpuScoreMod.SmallCaseForSanitizers:GpuHeadDims.SmallCaseForSanitizers:GpuBlockMask.SmallCaseForSanitizers'
   step "compute-sanitizer memcheck" memcheck.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   step "compute-sanitizer racecheck" racecheck.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   # The two-pair forward shares one CTA's shared memory between two independent pipelines.
@@ -59,7 +59,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   JAGFLASH_FWD_PAIRS=2 step "racecheck, 2 pairs" racecheck_pairs.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small"
   # The backward (its preprocess, main and postprocess kernels, both modes) on small cases;
   # synccheck for its named barriers and warp-level syncs between producer and consumers.
-  small_bwd='GpuHopperBackward.SmallAgainstReference:GpuHopperBackward.NeverWritesPastTheLastSequence:GpuScoreMod.SmallCaseForSanitizers:GpuHeadDims.SmallCaseForSanitizers'
+  small_bwd='GpuHopperBackward.SmallAgainstReference:GpuHopperBackward.NeverWritesPastTheLastSequence:GpuScoreMod.SmallCaseForSanitizers:GpuHeadDims.SmallCaseForSanitizers:GpuBlockMask.SmallCaseForSanitizers'
   step "memcheck, backward" memcheck_bwd.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
   step "racecheck, backward" racecheck_bwd.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
   # racecheck reports hazards between a plain bulk copy completing on an mbarrier and the reads

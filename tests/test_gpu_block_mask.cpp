@@ -208,6 +208,35 @@ TEST(GpuBlockMask, LongerSequences) {
     }
 }
 
+// A small case for compute-sanitizer (scripts/gpu-check.sh, SANITIZE=1): the Hopper kernels on
+// a random map and one with an empty row and a hidden sequence, both head dims, causal, both
+// backward modes.
+TEST(GpuBlockMask, SmallCaseForSanitizers) {
+  for (int d : {64, 128})
+    for (size_t c : {size_t{0}, size_t{3}}) {
+      const MapCase& m = map_cases()[c];
+      BatchSpec s;
+      s.len_q = {1, 300, 129, 0};
+      s.len_kv = {2, 260, 129, 5};
+      s.heads = 2;
+      s.heads_kv = 1;
+      s.head_dim = d;
+      s.mask = JF_MASK_CAUSAL;
+      s.seed = 5000 + d + c;
+      set_map(s, m.fn);
+      SCOPED_TRACE(label(s, m.name));
+      GpuBatch g = testing::make_gpu_batch(s);
+      if (!auto_serves(g)) return;
+      size_workspace(g, JF_BACKEND_AUTO);
+      for (int det : {0, 1}) {
+        testing::poison_outputs(g);
+        run(g, JF_BACKEND_AUTO, det);
+        if (::testing::Test::HasFatalFailure()) return;
+        testing::expect_matches_reference(g, /*with_backward=*/true);
+      }
+    }
+}
+
 // Deterministic mode on AUTO: dq, dk, dv bitwise identical over repeats, every map.
 TEST(GpuBlockMask, DeterministicRepeatsAreBitwiseIdentical) {
   for (int d : {64, 128})
