@@ -1,5 +1,6 @@
 #include "cli_commands.hpp"
 
+#include "core/bench_knobs.hpp"
 #include "core/mask.hpp"
 #include "gen/distributions.hpp"
 #include "reference/reference.hpp"
@@ -443,9 +444,10 @@ int bench(const Options& o) {
   }
   const std::vector<std::string> dists =
       o.distributions.empty() ? gen::distribution_names() : o.distributions;
-  const char* schedule = std::getenv("JAGFLASH_FWD_SCHEDULE");
-  const char* ping_pong = std::getenv("JAGFLASH_FWD_PINGPONG");
-  const char* bwd_schedule = std::getenv("JAGFLASH_BWD_SCHEDULE");
+  // The knobs the library reads (none in a build without them: core/bench_knobs.hpp), as it reads them.
+  const char* schedule = bench_knob("JAGFLASH_FWD_SCHEDULE");
+  const char* ping_pong = bench_knob("JAGFLASH_FWD_PINGPONG");
+  const char* bwd_schedule = bench_knob("JAGFLASH_BWD_SCHEDULE");
   const bool hopper_bwd = (o.dtype == "bf16" || o.dtype == "fp16") && (o.head_dim == 64 || o.head_dim == 128);
   const int warmup = o.warmup.value_or(kGpuWarmup), iters = o.iters.value_or(kGpuIters);
   std::printf(

@@ -5,6 +5,7 @@
 #include "api/offsets_check_device.hpp"
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
+#include "core/bench_knobs.hpp"
 #include "core/dtype.hpp"
 #include "core/pooled.hpp"
 #include "kernels/fwd/variants.hpp"
@@ -158,7 +159,7 @@ const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
 // group), else kernels::backward_group_splits decides. Read at every call (bench/gqa_bwd.py and
 // the tests compare split counts in one process); a getenv is far below a call's cost.
 int32_t group_splits_knob() {
-  const char* v = std::getenv("JAGFLASH_BWD_GROUP_SPLITS");
+  const char* v = bench_knob("JAGFLASH_BWD_GROUP_SPLITS");
   return v != nullptr ? static_cast<int32_t>(std::atoi(v)) : 0;
 }
 

@@ -1,5 +1,6 @@
 #include "schedule/plan_device.hpp"
 
+#include "core/bench_knobs.hpp"
 #include "schedule/plan.hpp"
 
 #include <cub/block/block_radix_sort.cuh>
@@ -228,7 +229,7 @@ __global__ void fill_uniform_offsets_kernel(int32_t* offsets, int32_t batch_size
 // kAuto (small where the plan fits).
 PlanBuilder builder_knob(PlanBuilder requested) {
   if (requested != PlanBuilder::kAuto) return requested;
-  const char* v = std::getenv("JAGFLASH_PLAN_BUILDER");
+  const char* v = bench_knob("JAGFLASH_PLAN_BUILDER");
   if (v != nullptr && std::strcmp(v, "large") == 0) return PlanBuilder::kLarge;
   if (v != nullptr && std::strcmp(v, "small") == 0) return PlanBuilder::kSmall;
   return PlanBuilder::kAuto;

@@ -2,6 +2,7 @@
 // persistent kernel, postprocess.
 #pragma once
 
+#include "core/bench_knobs.hpp"
 #include "kernels/bwd/bwd_kernel.cuh"
 #include "kernels/bwd/prepost_bwd.cuh"
 #include "kernels/common/launch_common.cuh"
@@ -16,7 +17,7 @@ namespace jagflash::kernels::bwd {
 // Benchmark knob, read once: JAGFLASH_BWD_SCHEDULE = dynamic (default) | zigzag | grid.
 inline Schedule schedule_knob() {
   static const Schedule s = [] {
-    const char* v = std::getenv("JAGFLASH_BWD_SCHEDULE");
+    const char* v = bench_knob("JAGFLASH_BWD_SCHEDULE");
     if (v != nullptr && std::strcmp(v, "zigzag") == 0) return Schedule::kZigzag;
     if (v != nullptr && std::strcmp(v, "grid") == 0) return Schedule::kGrid;
     return Schedule::kDynamic;
@@ -44,12 +45,12 @@ constexpr int64_t kL2BytesPerQRow = int64_t(kHeadDim) * (2 + 2 + 4);
 constexpr int64_t kDefaultL2GroupBytes = int64_t(24) << 20;
 inline TileOrder tile_order_knob() {
   TileOrder o{kDefaultL2GroupBytes, 0};
-  if (const char* v = std::getenv("JAGFLASH_BWD_L2_GROUP_MB")) {
+  if (const char* v = bench_knob("JAGFLASH_BWD_L2_GROUP_MB")) {
     char* end = nullptr;
     const long mb = std::strtol(v, &end, 10);
     if (end != v && *end == '\0' && mb >= 0 && mb <= 4096) o.l2_group_bytes = int64_t(mb) << 20;
   }
-  if (const char* v = std::getenv("JAGFLASH_BWD_ROTATE")) o.rotate = std::strcmp(v, "1") == 0;
+  if (const char* v = bench_knob("JAGFLASH_BWD_ROTATE")) o.rotate = std::strcmp(v, "1") == 0;
   return o;
 }
 
@@ -109,7 +110,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   // JAGFLASH_BWD_POOLED_SUM=0 (benchmark knob, read by the pooled calls it could apply to)
   // keeps the per-sequence rows.
   auto sum_knob_off = [] {
-    const char* v = std::getenv("JAGFLASH_BWD_POOLED_SUM");
+    const char* v = bench_knob("JAGFLASH_BWD_POOLED_SUM");
     return v != nullptr && std::strcmp(v, "0") == 0;
   };
   const bool pooled_dq_sum = pb.pooled_q_rows > 0 && pb.pooled_q_rows <= Config::kBlockM &&

@@ -94,10 +94,10 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   return err;
 }
 
-// The instantiations per (dtype, head dim): D = 128 with 128- or 64-key blocks, ping-pong or
-// not; D = 64 with two (ping-pong or not; Q in registers) or three consumer warpgroups; both with two
-// independent single-warpgroup pairs (64-key blocks at D = 128: 128 need more shared memory);
-// D = 256 with two warpgroups and 32-key blocks only.
+// The instantiations per (dtype, head dim): D = 128 with 128-key blocks (and, in a build with
+// benchmark knobs, 64-key blocks and ping-pong); D = 64 with two (Q in registers; ping-pong with
+// knobs) or three consumer warpgroups; both with two independent single-warpgroup pairs (64-key
+// blocks at D = 128: 128 need more shared memory); D = 256 with two warpgroups and 32-key blocks.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
@@ -108,22 +108,28 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
       return run_forward_variant<
           TileConfig<Element, kHeadDim, BlockN<kHeadDim == 128 ? 64 : 128>, Warpgroups<1>, Pairs<2>>>(
           a, launch, v.schedule, stream);
+    // The 64-key and ping-pong tiles are chosen by benchmark knobs only (variants.hpp): compiled
+    // in a build with them (core/bench_knobs.hpp), where choose_forward_variant can return them.
     if constexpr (kHeadDim == 128) {
-      if (v.block_n == 64)
-        return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
-      return v.ping_pong
-                 ? run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream)
-                 : run_forward_variant<TileConfig<Element, 128>>(a, launch, v.schedule, stream);
+      if constexpr (kBenchKnobs) {
+        if (v.block_n == 64)
+          return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
+        if (v.ping_pong)
+          return run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream);
+      }
+      return run_forward_variant<TileConfig<Element, 128>>(a, launch, v.schedule, stream);
     } else {
       if (v.warpgroups == 3)
         return run_forward_variant<TileConfig<Element, 64, Warpgroups<3>>>(a, launch, v.schedule, stream);
       // Q in registers only where it measured a gain: D = 64 with two warpgroups, +1-4% under
       // causal; at D = 128 it measured -1 to -5%, and the three-warpgroup D = 64 tile has no
       // registers for it (ptxas serialises its wgmmas and spills).
-      return v.ping_pong
-                 ? run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule,
-                                                                                        stream)
-                 : run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
+      if constexpr (kBenchKnobs) {
+        if (v.ping_pong)
+          return run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule,
+                                                                                      stream);
+      }
+      return run_forward_variant<TileConfig<Element, 64, QInRegisters>>(a, launch, v.schedule, stream);
     }
   }
 }

@@ -2,6 +2,7 @@
 // and the dispatcher (which sizes the workspace's plan for the same tile shape).
 #pragma once
 
+#include "core/bench_knobs.hpp"
 #include "kernels/common/schedule.hpp"
 
 #include <jagflash/jagflash.h>
@@ -25,9 +26,9 @@ struct ForwardVariant {
   int block_m() const { return 64 * warpgroups; }
 };
 
-// Benchmark knobs, read from the environment once; each forces one choice and every
-// combination is tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements behind the
-// defaults.
+// Benchmark knobs, read from the environment once in a build with them (core/bench_knobs.hpp;
+// none elsewhere: every field keeps its default); each forces one choice and every combination is
+// tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements behind the defaults.
 //   JAGFLASH_FWD_SCHEDULE   = dynamic | zigzag | grid
 //   JAGFLASH_FWD_PINGPONG   = 0 | 1          (two consumer warpgroups only)
 //   JAGFLASH_FWD_BLOCK_N    = 64 | 128       (head dim 128 only)
@@ -43,15 +44,14 @@ struct ForwardKnobs {
   static const ForwardKnobs& get() {
     static const ForwardKnobs knobs = [] {
       ForwardKnobs k;
-      if (const char* s = std::getenv("JAGFLASH_FWD_SCHEDULE")) {
+      if (const char* s = bench_knob("JAGFLASH_FWD_SCHEDULE")) {
         if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
         if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
       }
-      if (const char* s = std::getenv("JAGFLASH_FWD_PINGPONG"))
-        k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
-      if (const char* s = std::getenv("JAGFLASH_FWD_BLOCK_N")) k.block_n = std::atoi(s) == 64 ? 64 : 128;
-      if (const char* s = std::getenv("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
-      if (const char* s = std::getenv("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
+      if (const char* s = bench_knob("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
+      if (const char* s = bench_knob("JAGFLASH_FWD_BLOCK_N")) k.block_n = std::atoi(s) == 64 ? 64 : 128;
+      if (const char* s = bench_knob("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
+      if (const char* s = bench_knob("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
       return k;
     }();
     return knobs;
