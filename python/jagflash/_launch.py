@@ -271,7 +271,10 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
         problem.q_offsets = None
         problem.pooled_q_rows = q.shape[0]
     if blocks is not None:
-        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr(), blocks.numel())
+        # An empty map is still a map: as the binding does, blocks then points at the offsets (torch
+        # may give an empty tensor no address, and NULL blocks beside offsets is a half-given mask).
+        blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
+        problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
     args = args_type(problem=problem, launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
     with _device_guard(device):
         _backend.note_cuda_call(args, device)

@@ -639,6 +639,18 @@ def test_cuda_hidden_rows_and_sequences():
 
 
 @needs_cuda
+def test_cuda_an_empty_map():
+    """A map of no bytes on CUDA (torch may give its tensor no address): served, not a half-given mask,
+    through the call and the path query that decides the slow-path warning."""
+    batch = _batch(4025, q_lengths=[0, 3], kv_lengths=[4, 0], head_dim=128, device="cuda")
+    block_mask = BlockMask.full(batch.q_offsets, batch.kv_offsets)
+    assert block_mask.blocks.numel() == 0
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    assert jagflash.backend(*args, block_mask=block_mask) == "hopper"
+    check_block_mask(batch, block_mask)
+
+
+@needs_cuda
 @pytest.mark.filterwarnings("ignore::jagflash.SlowPathWarning")
 def test_cuda_head_dim_256_on_the_oracle():
     batch = _cuda_batch(4030, 256)
