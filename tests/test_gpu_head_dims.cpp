@@ -103,6 +103,39 @@ TEST(GpuHeadDims, PaddedPast128Forward) {
       for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) run_and_check(awkward(d, dt, mask, ++seed), false);
 }
 
+// A v head dim of its own (DeepSeek's 192 / 128 and others): the forward on the Hopper kernels
+// (V zero-filled past its head dim, O's columns there not stored), against the reference, every
+// mask, both dtypes; the backward refused naming v's head dim, nothing written.
+TEST(GpuHeadDims, NarrowerVForward) {
+  uint64_t seed = 400;
+  for (auto [d, dv] : {std::pair<int, int>{192, 128}, {128, 64}, {64, 32}, {96, 64}, {256, 128}, {80, 8}})
+    for (jf_dtype dt : {JF_BF16, JF_FP16})
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
+        BatchSpec s = awkward(d, dt, mask, ++seed);
+        s.v_head_dim = dv;
+        SCOPED_TRACE("Dv=" + std::to_string(dv));
+        run_and_check(s, /*with_backward=*/false);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  BatchSpec s = awkward(192, JF_BF16, JF_MASK_CAUSAL, 450);
+  s.v_head_dim = 128;
+  GpuBatch g = testing::make_gpu_batch(s);
+  jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
+  EXPECT_EQ(jagflash_bwd(&ba), JF_ERR_UNSUPPORTED);
+  EXPECT_EQ(std::string(jagflash_last_error()).rfind("problem.v.head_dim", 0), 0u) << jagflash_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(row_padding_is_nan(g.dq, g.dq_view, s.dtype));
+  std::vector<unsigned char> dq(g.dq.bytes());
+  g.dq.to_host(dq.data());
+  bool all_nan = true;
+  for (size_t i = 0; i + 1 < dq.size(); i += 2) {
+    uint16_t x;
+    std::memcpy(&x, dq.data() + i, 2);
+    all_nan = all_nan && (x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0;
+  }
+  EXPECT_TRUE(all_nan) << "dq was written by a refused backward";
+}
+
 // Longer sequences (the forward's mask-free bulk, several Q blocks a backward tile, MQA) in both
 // backward modes.
 TEST(GpuHeadDims, LongerSequencesBothModes) {

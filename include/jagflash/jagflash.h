@@ -10,10 +10,11 @@
  *   lse  [H, total_q] float32, natural log of the softmax denominator
  *   Head dims: D any multiple of 8 from 8 to 256; Dv (v.head_dim) a multiple of 8 from 8 to D. The
  *   backward's dout is [.., Dv] like out, dq [.., D] like q, dk like k, dv like v. Served on CPU
- *   pointers for every such pair; on CUDA with Dv = D (else JF_ERR_UNSUPPORTED naming v's head
- *   dim): D = 64, 128 or 256 always, any other D where the Hopper kernels take it (bf16/fp16, no
- *   score modifier, forward up to 256, backward up to 128; else JF_ERR_UNSUPPORTED naming q's head
- *   dim). The default scale is 1/sqrt(D).
+ *   pointers for every such pair; on CUDA with Dv = D: D = 64, 128 or 256 always, any other D where
+ *   the Hopper kernels take it (bf16/fp16, no score modifier, forward up to 256, backward up to
+ *   128; else JF_ERR_UNSUPPORTED naming q's head dim); with Dv < D the forward on the Hopper
+ *   kernels (bf16/fp16, no score modifier, no block mask; else, and for the backward,
+ *   JF_ERR_UNSUPPORTED naming v's head dim). The default scale is 1/sqrt(D).
  *   q_offsets / kv_offsets: int32 [B+1], offsets[0] == 0, non-decreasing, last == total.
  * Pooled attention (problem.pooled_q_rows = Lq > 0: one query set shared by every sequence, as in
  * Pooling by Multihead Attention):
@@ -262,8 +263,8 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  *                         first use.
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
- * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a v head dim of its own (naming
- * problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper kernels do not take
+ * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a v head dim of its own that the Hopper
+ * forward does not take (naming problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper kernels do not take
  * for this call (naming problem.q.head_dim), a dtype/head dim this build does not instantiate,
  * JF_BACKEND_HOPPER where it cannot serve, and a GPU this build has no device code for (older than compute
  * capability 8.0). Reads no device memory and does not sync. */

@@ -56,12 +56,13 @@ _HEAD_DIM_STEP, _MAX_HEAD_DIM = 8, 256
 _CUDA_HEAD_DIMS = (64, 128, 256)
 
 
-def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False):
+def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, pooled=False):
     """The head dims the C library accepts, with its messages in the ops' terms (q.shape[-1]):
     UnsupportedError for one no path serves, on the tensors' device (on CUDA: v's the same as
-    q's, and a q head dim other than 64, 128 or 256 only where the Hopper kernels take it: bf16 or
-    fp16, no score modifier (`modified`) and no block mask (`blocked`), the forward up to 256 and
-    the backward (`backward`) up to 128), InvalidArgumentError for k's differing from q's. The
+    q's but on the Hopper forward (bf16/fp16, no modifier, no block mask, not `pooled`), and a q head dim other
+    than 64, 128 or 256 only where the Hopper kernels take it: bf16 or fp16, no score modifier
+    (`modified`) and no block mask (`blocked`), the forward up to 256 and the backward
+    (`backward`) up to 128), InvalidArgumentError for k's differing from q's. The
     fake kernels and jagflash.backend() run it, so a traced call fails where an eager one would; an
     eager call leaves it to the C library, which says the same (on a GPU that is not a Hopper one
     it also refuses what only the Hopper kernels serve)."""
@@ -80,10 +81,15 @@ def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False):
                 f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
                 f"kernels with bf16/fp16 and no score modifier, {'the backward up to head dim 128' if backward else 'forward up to 256'}; "
                 f"otherwise on CPU tensors only so far), got {d}", _capi.ERR_UNSUPPORTED)
-        if dv != d:
+        # A narrower v: the Hopper forward's padded kernels (bf16/fp16, no modifier, no block mask).
+        narrow_v_served = not backward and not pooled and q.dtype in (torch.bfloat16, torch.float16) and \
+            not modified and not blocked
+        if dv != d and not narrow_v_served:
             raise _errors.UnsupportedError(
-                f"v.shape[-1]: expected q's head dim ({d}) on CUDA (a v head dim of its own, {dv} here, is served on "
-                f"CPU tensors only so far), got {dv}", _capi.ERR_UNSUPPORTED)
+                f"v.shape[-1]: expected q's head dim ({d}) for this call on CUDA (a v head dim of its own, {dv} "
+                f"here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, not pooled; "
+                f"{'its backward' if backward else 'otherwise'} on CPU tensors only so far), got {dv}",
+                _capi.ERR_UNSUPPORTED)
     if k.shape[-1] != d:
         raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])
 

@@ -569,9 +569,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
     for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
-    head dims on that device for this call: on CUDA a v head dim of its own, or one other than 64,
-    128 or 256 that the Hopper kernels do not take: fp32, a softcap or alibi_slopes, a backward
-    past 128). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
+    head dims on that device for this call: on CUDA a v head dim of its own off the Hopper forward,
+    or one other than 64, 128 or 256 that the Hopper kernels do not take: fp32, a softcap or
+    alibi_slopes, a backward past 128). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
     values are not read)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
@@ -592,7 +592,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     elif cap:
         problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
     if blocks is not None:
-        problem.block_mask = _capi.BlockMask(blocks.data_ptr(), block_offsets.data_ptr())
+        # An empty map (no bytes) points at its offsets, as the binding passes it (never half a mask).
+        blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
+        problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
     try:
         with _launch._device_guard(q.device):

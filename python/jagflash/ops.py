@@ -190,7 +190,7 @@ def pooled_fwd(
 def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
                      deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None)
+    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None, pooled=True)
     _launch.check_op_scalars(scale, check_offsets)
     _launch.check_score_mod(q, softcap, alibi_slopes)
     lq, heads, _ = q.shape
@@ -226,7 +226,8 @@ def pooled_bwd(
 def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
                      max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None)
+    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None,
+                            pooled=True)
     _launch.check_op_scalars(scale, check_offsets)
     _launch.check_score_mod(q, softcap, alibi_slopes)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -192,8 +192,12 @@ def test_compiled_fullgraph_matches_eager():
 # without a score modifier, the forward up to 256 and the backward up to 128; what nothing serves
 # is refused before launch, naming the head dim (checked on fake CUDA tensors, no GPU needed).
 
-V_OF_ITS_OWN = r"^v.shape\[-1\]: expected q's head dim \(128\) on CUDA \(a v head dim of its own, 64 here, is served " \
-               r"on CPU tensors only so far\), got 64$"
+V_OF_ITS_OWN_BACKWARD = r"^v.shape\[-1\]: expected q's head dim \(128\) for this call on CUDA \(a v head dim of its " \
+                        r"own, 64 here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, " \
+                        r"not pooled; its backward on CPU tensors only so far\), got 64$"
+V_OF_ITS_OWN_FORWARD = r"^v.shape\[-1\]: expected q's head dim \(128\) for this call on CUDA \(a v head dim of its " \
+                       r"own, 64 here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, " \
+                       r"not pooled; otherwise on CPU tensors only so far\), got 64$"
 BACKWARD_192 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 192 runs on the Hopper " \
                r"kernels with bf16/fp16 and no score modifier, the backward up to head dim 128; otherwise on CPU " \
                r"tensors only so far\), got 192$"
@@ -239,10 +243,18 @@ def _expect_refused(calls, message):
             call()
 
 
-def test_cuda_refuses_a_v_head_dim_of_its_own():
+def test_cuda_a_v_head_dim_of_its_own_runs_the_forward_only():
+    """Dv < D: the forward on the Hopper kernels (out [.., Dv]), not pooled, not with a modifier; the
+    backward refused, naming v's head dim."""
     with FakeTensorMode():
-        entries = _entries(*_fake_cuda((128, 64)))
-        _expect_refused({**entries["forward"], **entries["backward"]}, V_OF_ITS_OWN)
+        q, k, v, off = _fake_cuda((128, 64))
+        entries = _entries(q, k, v, off)
+        out, lse = entries["forward"]["op fwd"]()
+        assert out.shape == (12, 4, 64)
+        assert entries["forward"]["jagged_attention"]().shape == (12, 4, 64)
+        _expect_refused({"pooled_fwd": entries["forward"]["pooled_fwd"]}, V_OF_ITS_OWN_FORWARD)
+        _expect_refused(_entries(q, k, v, off, softcap=5.0)["forward"], V_OF_ITS_OWN_FORWARD)
+        _expect_refused(entries["backward"], V_OF_ITS_OWN_BACKWARD)
 
 
 def test_cuda_refuses_the_backward_past_128_off_the_kernel_head_dims():
@@ -299,6 +311,23 @@ def test_cuda_padded_forward_past_128_matches_the_reference(d, causal):
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
     out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
                                          causal=causal, return_lse=True)
+    ref_out, ref_lse = reference(batch, causal=causal)[:2]
+    assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
+    assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dims", [(192, 128), (128, 64), (80, 32)], ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_narrower_v_forward_matches_the_reference(dims, causal):
+    """Dv < D (DeepSeek's 192 / 128): the forward on the Hopper kernels, out [.., Dv]."""
+    batch = make_batch(3150 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
+                       kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    assert batch.v.shape[-1] == dims[1]
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
+    out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
+                                         causal=causal, return_lse=True)
+    assert out.shape == (batch.q.shape[0], 4, dims[1])
     ref_out, ref_lse = reference(batch, causal=causal)[:2]
     assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
     assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)

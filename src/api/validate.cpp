@@ -225,7 +225,6 @@ void check_problem(const jf_problem& p, bool ask_location) {
   // Head dims first: what no path serves on the device asked for is said as such, also in a
   // process that sees no GPU (where the device check below would refuse it anyway).
   check_head_dims(p);
-  if (p.device == JF_DEVICE_CUDA) check_cuda_head_dims(p);
   if (p.device == JF_DEVICE_CUDA && jagflash_cuda_device_count() == 0)
     fail_argument("problem.device", "JF_DEVICE_CPU (this process sees no CUDA device)", "JF_DEVICE_CUDA");
   if (p.batch_size < 0) fail_argument("problem.batch_size", ">= 0", p.batch_size);
@@ -532,16 +531,6 @@ bool is_device_pointer(const void* p) {
   const KnownRange r = query_location(p);
   if (cached && r.begin != r.end) t_locations.ranges.push_back(r);
   return r.on_device;
-}
-
-void check_cuda_head_dims(const jf_problem& p) {
-  const int32_t d = p.q.head_dim, dv = p.v.head_dim;
-  if (dv != d) {
-    std::ostringstream e;
-    e << "q's head dim (" << d << ") on CUDA (a v head dim of its own, " << dv
-      << " here, is served on CPU tensors only so far)";
-    fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
-  }
 }
 
 void validate_problem_and_launch(const jf_problem& p, const jf_launch& l) {

@@ -27,13 +27,6 @@ void validate_backward_shapes(const jf_bwd_args& args);
 // The problem and the launch alone (what choosing a backend needs): jagflash_query_backend.
 void validate_problem_and_launch(const jf_problem& problem, const jf_launch& launch);
 
-// On CUDA v's head dim must be q's (a v head dim of its own is served on CPU tensors only so far):
-// else JF_ERR_UNSUPPORTED naming v's head dim. Every call with problem.device = JF_DEVICE_CUDA runs
-// it (after the head dims' general rules), before any kernel is chosen. Which q head dims a GPU
-// call can take depends on the call (dtype, direction, modifier, GPU): the dispatcher says it when
-// no path serves one (dispatch.cpp, require_served_head_dim).
-void check_cuda_head_dims(const jf_problem& problem);
-
 // Whether the CUDA driver knows `p` as device (or managed) memory; false without a driver. One
 // driver query, unless a PointerLocationScope is open on this thread and `p` lies in an allocation
 // already asked about in it.

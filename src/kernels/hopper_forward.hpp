@@ -35,10 +35,12 @@ struct HopperForwardEntry {
   HopperForwardFn run;
 };
 
-// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not): the kernel of the
-// next head dim up (kernel_head_dim), padded when below it; nullptr when this build has none.
+// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v head dim:
+// 0 = q's): the kernel of the next head dim up (kernel_head_dim), padded when below it or when v's
+// head dim is narrower (V zero-filled past it, O's columns there zero and not stored); nullptr when
+// this build has none.
 const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
-                                              bool block_sparse = false);
+                                              bool block_sparse = false, int v_head_dim = 0);
 
 // The kernel head dim that serves a caller's head dim d: 64, 128 or 256, the smallest not below d,
 // for d a multiple of 8 up to 256 (0 otherwise). Below it the kernel runs padded (PaddedHeadDim).

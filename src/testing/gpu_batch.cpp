@@ -177,23 +177,24 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
     g.d_block_offsets = DeviceBuffer::from_host(s.block_offsets);
   }
   const int64_t tq = g.total_q(), tk = g.total_kv();
+  const int dv = s.v_head_dim > 0 ? s.v_head_dim : s.head_dim;
   g.q = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
-  g.out = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
-  g.dout = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
+  g.out = alloc_tensor(tq, s.heads, dv, s.row_pad, s.dtype);
+  g.dout = alloc_tensor(tq, s.heads, dv, s.row_pad, s.dtype);
   g.dq = alloc_tensor(tq, s.heads, s.head_dim, s.row_pad, s.dtype);
   g.k = alloc_tensor(tk, s.heads_kv, s.head_dim, s.row_pad, s.dtype);
-  g.v = alloc_tensor(tk, s.heads_kv, s.head_dim, s.row_pad, s.dtype);
+  g.v = alloc_tensor(tk, s.heads_kv, dv, s.row_pad, s.dtype);
   g.dk = alloc_tensor(tk, s.heads_kv, s.head_dim, s.row_pad, s.dtype);
-  g.dv = alloc_tensor(tk, s.heads_kv, s.head_dim, s.row_pad, s.dtype);
+  g.dv = alloc_tensor(tk, s.heads_kv, dv, s.row_pad, s.dtype);
   g.lse = DeviceBuffer(static_cast<size_t>(s.heads * tq) * sizeof(float));
   g.q_view = packed_view(g.q.get(), tq, s.heads, s.head_dim, s.row_pad);
-  g.out_view = packed_view(g.out.get(), tq, s.heads, s.head_dim, s.row_pad);
-  g.dout_view = packed_view(g.dout.get(), tq, s.heads, s.head_dim, s.row_pad);
+  g.out_view = packed_view(g.out.get(), tq, s.heads, dv, s.row_pad);
+  g.dout_view = packed_view(g.dout.get(), tq, s.heads, dv, s.row_pad);
   g.dq_view = packed_view(g.dq.get(), tq, s.heads, s.head_dim, s.row_pad);
   g.k_view = packed_view(g.k.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
-  g.v_view = packed_view(g.v.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
+  g.v_view = packed_view(g.v.get(), tk, s.heads_kv, dv, s.row_pad);
   g.dk_view = packed_view(g.dk.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
-  g.dv_view = packed_view(g.dv.get(), tk, s.heads_kv, s.head_dim, s.row_pad);
+  g.dv_view = packed_view(g.dv.get(), tk, s.heads_kv, dv, s.row_pad);
   fill_uniform(g.q_view, s.dtype, s.seed * 4 + 0, -s.input_range, s.input_range);
   fill_uniform(g.k_view, s.dtype, s.seed * 4 + 1, -s.input_range, s.input_range);
   fill_uniform(g.v_view, s.dtype, s.seed * 4 + 2, -s.input_range, s.input_range);
@@ -265,7 +266,8 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
     fa.problem.block_mask.offsets = sample_block_offsets.data();
     fa.problem.block_mask.bytes = static_cast<int64_t>(sample_blocks.size());
   }
-  test::HostTensor ref_out = test::make_tensor(s.dtype, sample_q, s.heads, s.head_dim, s.row_pad);
+  const int dv = s.v_head_dim > 0 ? s.v_head_dim : s.head_dim;
+  test::HostTensor ref_out = test::make_tensor(s.dtype, sample_q, s.heads, dv, s.row_pad);
   std::vector<float> ref_lse(static_cast<size_t>(s.heads * sample_q));
   fa.out = ref_out.view();
   fa.lse = ref_lse.data();
@@ -291,7 +293,7 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
   test::HostTensor dout = download_rows(g.dout.get(), g.dout_view, s.dtype, g.q_offsets, seqs);
   test::HostTensor ref_dq = test::make_tensor(s.dtype, sample_q, s.heads, s.head_dim, s.row_pad);
   test::HostTensor ref_dk = test::make_tensor(s.dtype, host.total_kv(), s.heads_kv, s.head_dim, s.row_pad);
-  test::HostTensor ref_dv = test::make_tensor(s.dtype, host.total_kv(), s.heads_kv, s.head_dim, s.row_pad);
+  test::HostTensor ref_dv = test::make_tensor(s.dtype, host.total_kv(), s.heads_kv, dv, s.row_pad);
   ba.out = ref_out.view();
   ba.dout = dout.view();
   ba.lse = ref_lse.data();

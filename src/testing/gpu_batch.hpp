@@ -19,6 +19,7 @@ struct BatchSpec {
   int heads = 16;
   int heads_kv = 16;
   int head_dim = 128;
+  int v_head_dim = 0;  // v's (and out, dout, dv's) head dim: 0 = head_dim
   jf_dtype dtype = JF_BF16;
   jf_mask mask = JF_MASK_NONE;
   int window_left = -1;

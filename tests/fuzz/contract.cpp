@@ -62,17 +62,16 @@ class Judge {
     if (p.k.heads <= 0) add("problem.k.heads", "> 0");
     if (p.q.heads > 0 && p.k.heads > 0 && p.q.heads % p.k.heads != 0)
       add("problem.k.heads", "divides q.heads");
-    // Head dims: q's (and k's) any multiple of 8 from 8 to 256, v's one up to q's; on CUDA v's the
-    // same as q's, whether or not a GPU is present. Which q head dims a GPU call can run depends on
-    // the dtype, the direction, the modifier and the GPU (jagflash.h, jagflash_query_backend): no
-    // fuzz call gets that far, since each CUDA call holds host pointers (the offsets at least) and
-    // is refused for them, or for the missing GPU, first.
+    // Head dims: q's (and k's) any multiple of 8 from 8 to 256, v's one up to q's. Which head dims a
+    // GPU call can run (a q head dim, a v head dim of its own) depends on the dtype, the direction,
+    // the modifier and the GPU (jagflash.h, jagflash_query_backend): no fuzz call gets that far,
+    // since each CUDA call holds host pointers (the offsets at least) and is refused for them, or
+    // for the missing GPU, first.
     const int32_t d = p.q.head_dim, dv = p.v.head_dim;
     if (d < 8 || d > 256 || d % 8 != 0)
       add("problem.q.head_dim", "a multiple of 8 up to 256", JF_ERR_UNSUPPORTED);
     if (dv < 8 || dv > d || dv % 8 != 0)
       add("problem.v.head_dim", "a multiple of 8 up to q's", JF_ERR_UNSUPPORTED);
-    if (device_ == JF_DEVICE_CUDA && dv != d) add("problem.v.head_dim", "q's on CUDA", JF_ERR_UNSUPPORTED);
     for (const auto& [name, rows] : {std::pair<const char*, int64_t>{"problem.q.rows", p.q.rows},
                                      std::pair<const char*, int64_t>{"problem.k.rows", p.k.rows}})
       if (rows < 0 || rows > std::numeric_limits<int32_t>::max())

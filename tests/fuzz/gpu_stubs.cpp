@@ -35,7 +35,7 @@ void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("clear_latched
 }  // namespace jagflash::detail
 
 namespace jagflash::kernels {
-const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod, bool) {
+const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod, bool, int) {
   gpu_path_reached("find_hopper_forward");
 }
 const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod, bool) {

@@ -59,7 +59,8 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   // 1/sqrt of the caller's head dim (kHeadDim's but with PaddedHeadDim).
   p.scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(pb.q.head_dim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
-  p.head_dim_chunks = pb.q.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
+  // The columns of O the epilogue stores: v's head dim (q's, or narrower: V arrives zero-filled past it).
+  p.head_dim_chunks = pb.v.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
   if constexpr (Config::kScoreMod != JF_SCORE_MOD_NONE) {
     const common::ScoreModLaunch mod = common::score_mod_launch(pb, p.scale);
     p.score_mod = mod.args;

@@ -93,9 +93,10 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
     v.block_n = 32;
     return v;
   }
-  // A score modifier, a head dim below the kernel's (padded) or a block-sparse map: the default
-  // tile (their kernels are instantiated for that one alone).
+  // A score modifier, a head dim below the kernel's or a narrower v (padded) or a block-sparse map:
+  // the default tile (their kernels are instantiated for that one alone).
   const int32_t d = a.problem.q.head_dim;
+  if (a.problem.v.head_dim != d) return v;
   if (a.problem.score_mod != JF_SCORE_MOD_NONE || (d != 64 && d != 128) ||
       a.problem.block_mask.blocks != nullptr)
     return v;
