@@ -264,10 +264,10 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
  * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a v head dim of its own that the Hopper
- * forward does not take (naming problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper kernels do not take
- * for this call (naming problem.q.head_dim), a dtype/head dim this build does not instantiate,
- * JF_BACKEND_HOPPER where it cannot serve, and a GPU this build has no device code for (older than compute
- * capability 8.0). Reads no device memory and does not sync. */
+ * forward does not take (naming problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper
+ * kernels do not take for this call (naming problem.q.head_dim), a dtype/head dim this build does not
+ * instantiate, JF_BACKEND_HOPPER where it cannot serve, and a GPU this build has no device code for (older
+ * than compute capability 8.0). Reads no device memory and does not sync. */
 jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
                                  jf_backend* served);
 
