@@ -28,7 +28,6 @@ measure_interleaved (medians of CUDA-event samples, the implementations in turns
 block_mask.json and prints a table last.
 """
 import argparse
-import functools
 import json
 import os
 import pathlib
@@ -260,28 +259,9 @@ def run_case(x, block_mask, args, device, capacity=None):
             impls["flex"] = FlexSparse(x, block_mask, args.flex_mask, capacity)
         except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
             notes["flex"] = f"{type(e).__name__}: {e}"
-    fwd = compare.measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup,
-                                      args.iters, args.budget_s, args.fwd_calls)
     row = {"density": block_mask.density()}
-    error = None
-    if "flex" in impls and not isinstance(fwd.get("flex"), Exception) and not isinstance(fwd["sparse"], Exception):
-        mine = fwd["sparse"][1].detach().float()
-        theirs, _ = impls["flex"].unpad(fwd["flex"][1].detach(), ())
-        theirs = theirs.float()
-        error = ((mine - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)).item()
-    row["error_vs_flex"] = error
-    live = {n: r for n, r in fwd.items() if not isinstance(r, Exception)}
-    for n, r in fwd.items():
-        if isinstance(r, Exception):
-            notes[n] = f"{type(r).__name__}: {r}"
-    bwd = compare.measure_interleaved({n: functools.partial(impls[n].backward, live[n][1]) for n in live}, device,
-                                      args.warmup, args.iters, args.budget_s, args.bwd_calls)
-    for n in ("dense", "sparse", "flex"):
-        row[f"{n}_fwd_ms"] = live[n][0] if n in live else None
-        b = bwd.get(n)
-        row[f"{n}_bwd_ms"] = b[0] if b is not None and not isinstance(b, Exception) else None
-        if isinstance(b, Exception):
-            notes[n] = f"{type(b).__name__}: {b}"
+    row.update(compare.time_beside_flex(impls, ("dense", "sparse", "flex"), "sparse", args, device, notes))
+    error = row["error_vs_flex"]
     wrong = error is not None and error > WRONG
     for d in ("fwd", "bwd"):
         # sparse/dense: a time ratio (< 1 is faster; bar <= 0.35). vs flex: flex time / sparse time (bar >= 2).

@@ -229,6 +229,38 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     return results
 
 
+
+def time_beside_flex(impls, names, mine, args, device, notes):
+    """The variant benchmarks' timing (bench/score_mod.py, bench/block_mask.py): `impls` (name:
+    implementation with forward() and backward(out)) timed forward, then backward on each one's own
+    forward output, in turns (measure_interleaved with args.warmup, iters, budget_s, fwd_calls,
+    bwd_calls). Before the ratios mean anything, `mine`'s forward output is compared with "flex"'s
+    where both ran: error_vs_flex, the largest |difference| over the largest |flex's|. Returns a
+    row of {name}_fwd_ms and {name}_bwd_ms for every name in `names` (None where it did not run)
+    and error_vs_flex; failures are written to notes[name]."""
+    fwd = measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup, args.iters,
+                              args.budget_s, args.fwd_calls)
+    row, error = {}, None
+    if "flex" in impls and not isinstance(fwd.get("flex"), Exception) and not isinstance(fwd[mine], Exception):
+        ours = fwd[mine][1].detach().float()
+        theirs, _ = impls["flex"].unpad(fwd["flex"][1].detach(), ())
+        theirs = theirs.float()
+        error = ((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)).item()
+    row["error_vs_flex"] = error
+    live = {n: r for n, r in fwd.items() if not isinstance(r, Exception)}
+    for n, r in fwd.items():
+        if isinstance(r, Exception):
+            notes[n] = f"{type(r).__name__}: {r}"
+    bwd = measure_interleaved({n: functools.partial(impls[n].backward, live[n][1]) for n in live}, device,
+                              args.warmup, args.iters, args.budget_s, args.bwd_calls)
+    for n in names:
+        row[f"{n}_fwd_ms"] = live[n][0] if n in live else None
+        b = bwd.get(n)
+        row[f"{n}_bwd_ms"] = b[0] if b is not None and not isinstance(b, Exception) else None
+        if isinstance(b, Exception):
+            notes[n] = f"{type(b).__name__}: {b}"
+    return row
+
 def measure(fn, device, warmup, iters, budget_s, calls=1):
     """(median ms per call, last result) of fn(). Each timed sample is `calls` calls queued back to
     back between two events, divided by `calls`: the host's per-call work (Python, argument

@@ -17,7 +17,6 @@ checked against FlexAttention's (max |difference| / max |FlexAttention's|, print
 last.
 """
 import argparse
-import functools
 import json
 import os
 import pathlib
@@ -108,28 +107,9 @@ def run_case(x, mod, args, device):
             impls["flex"] = FlexModified(x, score_mod)
         except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
             notes["flex"] = f"{type(e).__name__}: {e}"
-    fwd = compare.measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup,
-                                      args.iters, args.budget_s, args.fwd_calls)
     row = {"mod": mod}
-    error = None
-    if "flex" in impls and not isinstance(fwd.get("flex"), Exception) and not isinstance(fwd["modified"], Exception):
-        mine = fwd["modified"][1].detach().float()
-        theirs, _ = impls["flex"].unpad(fwd["flex"][1].detach(), ())
-        theirs = theirs.float()
-        error = ((mine - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)).item()
-    row["error_vs_flex"] = error
-    live = {n: r for n, r in fwd.items() if not isinstance(r, Exception)}
-    for n, r in fwd.items():
-        if isinstance(r, Exception):
-            notes[n] = f"{type(r).__name__}: {r}"
-    bwd = compare.measure_interleaved({n: functools.partial(impls[n].backward, live[n][1]) for n in live}, device,
-                                      args.warmup, args.iters, args.budget_s, args.bwd_calls)
-    for n in ("plain", "modified", "flex"):
-        row[f"{n}_fwd_ms"] = live[n][0] if n in live else None
-        b = bwd.get(n)
-        row[f"{n}_bwd_ms"] = b[0] if b is not None and not isinstance(b, Exception) else None
-        if isinstance(b, Exception):
-            notes[n] = f"{type(b).__name__}: {b}"
+    row.update(compare.time_beside_flex(impls, ("plain", "modified", "flex"), "modified", args, device, notes))
+    error = row["error_vs_flex"]
     wrong = error is not None and error > WRONG
     for d in ("fwd", "bwd"):
         # Speed ratios: > 1 is faster. vs plain = plain time / modified time (bar >= 0.9).

@@ -83,20 +83,10 @@ void set_map(BatchSpec& s, const MapFn& fn) {
 // Lengths 1 and 0, one block, a cut-short last block, several blocks, q != kv; GQA 4 / 2; rows
 // padded by 8 elements; causal, a window (150, 7) reaching over block edges, or none.
 BatchSpec block_batch(int head_dim, jf_dtype dtype, jf_mask mask, uint64_t seed) {
-  BatchSpec s;
+  BatchSpec s = testing::awkward_batch(head_dim, dtype, mask, seed);  // heads, row padding, window (.., 7)
   s.len_q = {1, 0, 300, 129, 128, 2, 200};
   s.len_kv = {1, 3, 300, 260, 127, 0, 385};
-  s.heads = 4;
-  s.heads_kv = 2;
-  s.head_dim = head_dim;
-  s.dtype = dtype;
-  s.mask = mask;
-  if (mask == JF_MASK_WINDOW) {
-    s.window_left = 150;
-    s.window_right = 7;
-  }
-  s.row_pad = 8;
-  s.seed = seed;
+  if (mask == JF_MASK_WINDOW) s.window_left = 150;
   return s;
 }
 
