@@ -94,9 +94,25 @@ std::vector<Case> problem_cases() {
        JF_ERR_INVALID_ARGUMENT,
        {"problem.mask", "got 9"}},
       {"score_mod kind",
-       p([](jf_problem& q) { q.score_mod = static_cast<jf_score_mod>(3); }),
+       p([](jf_problem& q) { q.score_mod = static_cast<jf_score_mod>(99); }),
        JF_ERR_INVALID_ARGUMENT,
-       {"problem.score_mod", "JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP or JF_SCORE_MOD_ALIBI", "got 3"}},
+       {"problem.score_mod", "one of JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI", "got 99"}},
+      {"score_mod kind negative",
+       p([](jf_problem& q) { q.score_mod = static_cast<jf_score_mod>(-1); }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.score_mod", "got -1"}},
+      {"score_mod table set without a kind that reads it",
+       p([](jf_problem& q) { q.score_mod_table = alibi_slopes.data(); }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.score_mod_table", "NULL with JF_SCORE_MOD_NONE"}},
+      {"score_mod table width set without a kind that reads it",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_ALIBI;
+         q.alibi_slopes = alibi_slopes.data();
+         q.score_mod_table_width = 3;
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.score_mod_table_width", "0 with JF_SCORE_MOD_ALIBI", "got 3"}},
       {"softcap zero",
        p([](jf_problem& q) { q.score_mod = JF_SCORE_MOD_SOFTCAP; }),
        JF_ERR_INVALID_ARGUMENT,

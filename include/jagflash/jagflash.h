@@ -63,7 +63,10 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
  *  ALIBI:   s -> s - slope_h * |i + Lk - Lq - j| for query head h, query i and key j of a sequence
  *           (bottom-right aligned like the masks: 0 on the causal diagonal, negative off it), one
  *           fp32 slope per query head in problem.alibi_slopes [H], in the memory q lives in.
- * For NONE, softcap must be 0 and alibi_slopes NULL; each kind leaves the other's field unset.
+ * The kinds after ALIBI read problem.score_mod_table, fp32 [H][score_mod_table_width] in the
+ * memory q lives in (row h for query head h), as each kind says.
+ * A kind sets the fields it reads and leaves every other modifier field 0 / NULL (NONE: all).
+ * jagflash_score_mod_by_name gives a kind from its name ("softcap", "alibi", ...).
  * Served on CPU pointers and on CUDA (the Hopper kernels at head dim 64/128/256, backward 64/128;
  * the oracle elsewhere, jagflash_query_backend). */
 typedef enum jf_score_mod {
@@ -183,6 +186,9 @@ typedef struct jf_problem {
   const float* alibi_slopes; /* JF_SCORE_MOD_ALIBI: [H] fp32, one slope per query head; else NULL */
   /* The block-sparse map (jf_block_mask above); zero-initialised, none. */
   jf_block_mask block_mask;
+  /* The table of a modifier that reads one (jf_score_mod above); else NULL and 0. */
+  const float* score_mod_table; /* fp32 [H][score_mod_table_width], rows contiguous */
+  int32_t score_mod_table_width;
 } jf_problem;
 
 typedef struct jf_launch {
@@ -303,6 +309,10 @@ int64_t jagflash_visible_pairs(int32_t len_q, int32_t len_kv, jf_mask mask, int3
 
 /* Number of CUDA devices this process sees (0 without a GPU or driver). */
 int jagflash_cuda_device_count(void);
+
+/* The score modifier named `name` ("none", "softcap", "alibi", ...: src/core/score_mod.hpp's
+ * kName) into *kind; JF_ERR_INVALID_ARGUMENT (and *kind untouched) for a name no modifier has. */
+jf_status jagflash_score_mod_by_name(const char* name, jf_score_mod* kind);
 
 #ifdef __cplusplus
 }

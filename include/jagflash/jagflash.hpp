@@ -81,12 +81,26 @@ inline void set_softcap(jf_problem& p, float cap) {
   p.score_mod = JF_SCORE_MOD_SOFTCAP;
   p.softcap = cap;
   p.alibi_slopes = nullptr;
+  p.score_mod_table = nullptr;
+  p.score_mod_table_width = 0;
 }
 
 inline void set_alibi(jf_problem& p, const float* slopes) {
   p.score_mod = JF_SCORE_MOD_ALIBI;
   p.softcap = 0.f;
   p.alibi_slopes = slopes;
+  p.score_mod_table = nullptr;
+  p.score_mod_table_width = 0;
+}
+
+// A modifier that reads a table (the kinds after ALiBi, jf_score_mod): fp32 [H][width] in the
+// memory q lives in, read during the call only.
+inline void set_score_mod_table(jf_problem& p, jf_score_mod kind, const float* table, int32_t width) {
+  p.score_mod = kind;
+  p.softcap = 0.f;
+  p.alibi_slopes = nullptr;
+  p.score_mod_table = table;
+  p.score_mod_table_width = width;
 }
 
 // A block-sparse map (jf_block_mask): sequence b's ceil(Lq/128) x ceil(Lk/128) bytes at

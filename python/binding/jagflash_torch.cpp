@@ -189,24 +189,47 @@ jf_tensor describe(const Tensor& t) {
                    row_stride,   head_stride};
 }
 
-// The score modifier (jf_score_mod): ALiBi when slopes are given (float32 [H], contiguous, on q's
-// device: python/jagflash/_launch.py's check_score_mod words a failure), else softcap when it is not
-// 0. Both given: the C library refuses the softcap beside ALiBi. A cap beyond float's range is
-// passed on as infinity (refused there under the value's sign), not converted (undefined).
-void set_score_mod(jf_problem& p, const Tensor& q, double softcap,
-                   const std::optional<Tensor>& alibi_slopes) {
-  if (alibi_slopes.has_value()) {
-    const Tensor& slopes = *alibi_slopes;
+// The score modifier as the ops take it: softcap (0 = none), ALiBi's slopes, and a modifier that
+// reads a table named by its kind (jf_score_mod, 0 = none of those) with its table.
+struct ScoreModInputs {
+  double softcap = 0.0;
+  std::optional<Tensor> alibi_slopes;
+  int64_t kind = 0;
+  std::optional<Tensor> table;
+};
+
+// The score modifier (jf_score_mod): a table's kind when one is given (the table float32 [H, W],
+// contiguous, on q's device), else ALiBi when slopes are given (float32 [H], contiguous, on q's
+// device: python/jagflash/_launch.py's check_score_mod words a failure), else softcap when it is
+// not 0. More than one given: the C library refuses the fields the kind does not read. A cap
+// beyond float's range is passed on as infinity (refused there under the value's sign), not
+// converted (undefined).
+void set_score_mod(jf_problem& p, const Tensor& q, const ScoreModInputs& mod) {
+  if (mod.alibi_slopes.has_value()) {
+    const Tensor& slopes = *mod.alibi_slopes;
     if (slopes.dim() != 1 || slopes.numel() != q.size(1) || dtype_of(slopes) != codes().fp32 ||
         !(place_of(slopes) == place_of(q)) || (slopes.numel() > 1 && slopes.stride(0) != 1)) {
       fail_input("alibi_slopes");
     }
     p.score_mod = JF_SCORE_MOD_ALIBI;
     p.alibi_slopes = static_cast<const float*>(slopes.data_ptr());
-  } else if (softcap != 0.0) {
+  } else if (mod.softcap != 0.0) {
     p.score_mod = JF_SCORE_MOD_SOFTCAP;
   }
+  if (mod.kind != 0 || mod.table.has_value()) {
+    if (!mod.table.has_value()) fail_input("score_mod_table");
+    const Tensor& table = *mod.table;
+    if (table.dim() != 2 || table.size(0) != q.size(1) || table.size(1) < 1 || table.size(1) > INT32_MAX ||
+        dtype_of(table) != codes().fp32 || !(place_of(table) == place_of(q)) || !table.is_contiguous()) {
+      fail_input("score_mod_table");
+    }
+    if (mod.kind < 0 || mod.kind > INT32_MAX) fail_input("score_mod");
+    p.score_mod = static_cast<jf_score_mod>(mod.kind);
+    p.score_mod_table = static_cast<const float*>(table.data_ptr());
+    p.score_mod_table_width = static_cast<int32_t>(table.size(1));
+  }
   constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+  const double softcap = mod.softcap;
   p.softcap = std::fabs(softcap) <= kFloatMax ? static_cast<float>(softcap)
               : std::isnan(softcap)           ? std::numeric_limits<float>::quiet_NaN()
                                     : std::copysign(std::numeric_limits<float>::infinity(), softcap);
@@ -396,8 +419,7 @@ void check_scale(double scale) {
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
-                                               int64_t max_seqlen, double softcap,
-                                               const std::optional<Tensor>& alibi_slopes,
+                                               int64_t max_seqlen, const ScoreModInputs& mod,
                                                const std::optional<Tensor>& block_mask_blocks = std::nullopt,
                                                const std::optional<Tensor>& block_mask_offsets = std::nullopt);
 
@@ -405,12 +427,14 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_of
                                        int64_t mask, int64_t window_left, int64_t window_right, double scale,
                                        int64_t offsets_check, int64_t max_seqlen, double softcap,
                                        std::optional<Tensor> alibi_slopes, std::optional<Tensor> block_mask_blocks,
-                                       std::optional<Tensor> block_mask_offsets) {
+                                       std::optional<Tensor> block_mask_offsets, int64_t score_mod,
+                                       std::optional<Tensor> score_mod_table) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets);
+                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, block_mask_blocks,
+                     block_mask_offsets);
 }
 
 // out and dout: q's rows and heads, v's head dim (which may be smaller than q's), q's dtype and
@@ -427,8 +451,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic, double softcap,
-                                                        const std::optional<Tensor>& alibi_slopes,
+                                                        bool deterministic, const ScoreModInputs& mod,
                                                         const std::optional<Tensor>& block_mask_blocks = std::nullopt,
                                                         const std::optional<Tensor>& block_mask_offsets = std::nullopt);
 
@@ -438,7 +461,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
                                                int64_t offsets_check, int64_t max_seqlen, bool deterministic,
                                                double softcap, std::optional<Tensor> alibi_slopes,
                                                std::optional<Tensor> block_mask_blocks,
-                                               std::optional<Tensor> block_mask_offsets) {
+                                               std::optional<Tensor> block_mask_offsets, int64_t score_mod,
+                                               std::optional<Tensor> score_mod_table) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -449,7 +473,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
     fail_input("lse");
   }
   return run_backward(dout, q, k, v, out, lse, &q_offsets, kv_offsets, mask, window_left, window_right, scale,
-                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks,
+                      offsets_check, max_seqlen, deterministic,
+                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, block_mask_blocks,
                       block_mask_offsets);
 }
 
@@ -480,19 +505,19 @@ int64_t pooled_rows(const Tensor& q, const Tensor& kv_offsets) {
 std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int64_t mask,
                                               int64_t window_left, int64_t window_right, double scale,
                                               int64_t offsets_check, int64_t max_seqlen, double softcap,
-                                              std::optional<Tensor> alibi_slopes) {
+                                              std::optional<Tensor> alibi_slopes, int64_t score_mod,
+                                              std::optional<Tensor> score_mod_table) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, nullptr, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen, softcap, alibi_slopes);
+                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table});
 }
 
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
-                                               int64_t max_seqlen, double softcap,
-                                               const std::optional<Tensor>& alibi_slopes,
+                                               int64_t max_seqlen, const ScoreModInputs& mod,
                                                const std::optional<Tensor>& block_mask_blocks,
                                                const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
@@ -513,7 +538,7 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
       q_offsets != nullptr
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
-  set_score_mod(args.problem, q, softcap, alibi_slopes);
+  set_score_mod(args.problem, q, mod);
   KeptBlockMask kept;
   set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
   args.out = describe(out);
@@ -528,7 +553,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
                                                       int64_t window_left, int64_t window_right, double scale,
                                                       int64_t offsets_check, int64_t max_seqlen,
                                                       bool deterministic, double softcap,
-                                                      std::optional<Tensor> alibi_slopes) {
+                                                      std::optional<Tensor> alibi_slopes, int64_t score_mod,
+                                                      std::optional<Tensor> score_mod_table) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -544,7 +570,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
     fail_input("pooled lse");
   }
   return run_backward(dout, q, k, v, out, lse, nullptr, kv_offsets, mask, window_left, window_right, scale,
-                      offsets_check, max_seqlen, deterministic, softcap, alibi_slopes);
+                      offsets_check, max_seqlen, deterministic,
+                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table});
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -552,8 +579,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
                                                         Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                         int64_t window_right, double scale,
                                                         int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic, double softcap,
-                                                        const std::optional<Tensor>& alibi_slopes,
+                                                        bool deterministic, const ScoreModInputs& mod,
                                                         const std::optional<Tensor>& block_mask_blocks,
                                                         const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
@@ -579,7 +605,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
       q_offsets != nullptr
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
-  set_score_mod(args.problem, q, softcap, alibi_slopes);
+  set_score_mod(args.problem, q, mod);
   KeptBlockMask kept;
   set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
   args.out = describe(out);
@@ -600,30 +626,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
 // Outputs: out [total_q, H, Dv] (q's dtype, v's head dim), lse [H, total_q] float32 (natural log), then the
 // workspace the call used (uint8; undefined, None in Python, when it needed none), in which a
 // device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
-// softcap (0 = none) and alibi_slopes (float32 [H], or None): the score modifier (jf_score_mod).
+// softcap (0 = none) and alibi_slopes (float32 [H], or None): the score modifier (jf_score_mod);
+// score_mod (a jf_score_mod that reads a table, 0 = none) and score_mod_table (float32 [H, W]):
+// a modifier with a table, last in every op.
 // block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]), or None: the block-sparse map
 // (jf_block_mask; not with pooled attention, which the C API refuses it for).
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "
       "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
-      "Tensor? alibi_slopes=None, Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None) -> (Tensor, "
-      "Tensor, Tensor)");
+      "Tensor? alibi_slopes=None, Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None, "
+      "int score_mod=0, Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
       "int max_seqlen, bool deterministic, float softcap=0., Tensor? alibi_slopes=None, "
-      "Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None, int score_mod=0, "
+      "Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv],
   // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
   m.def(
       "pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int mask, int window_left, "
       "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
-      "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor? alibi_slopes=None, int score_mod=0, Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor kv_offsets, "
       "int mask, int window_left, int window_right, float scale, int offsets_check, int max_seqlen, "
-      "bool deterministic, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool deterministic, float softcap=0., Tensor? alibi_slopes=None, int score_mod=0, "
+      "Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CPU, m) {

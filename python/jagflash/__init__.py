@@ -26,7 +26,7 @@ from ._lib import library_path
 from ._offsets_check import get_check_offsets, read_device_error, set_check_offsets, synchronize
 from .block_mask import BlockMask
 from .compat import flash_attn_varlen_func
-from .functional import attention, backend, jagged_attention, pooled_attention
+from .functional import attention, backend, jagged_attention, pooled_attention, score_mod_kind
 from .lengths import DEFAULT_SEED, DISTRIBUTIONS, generate_lengths, visible_pairs
 
 __version__ = "0.1.0"
@@ -58,6 +58,7 @@ __all__ = [
     "ops",
     "pooled_attention",
     "read_device_error",
+    "score_mod_kind",
     "registry",
     "set_check_offsets",
     "synchronize",

@@ -27,7 +27,7 @@ MASK_NONE = 0
 MASK_CAUSAL = 1
 MASK_WINDOW = 2
 
-# jf_score_mod
+# jf_score_mod (the kinds after these are known by name: jagflash_score_mod_by_name)
 SCORE_MOD_NONE = 0
 SCORE_MOD_SOFTCAP = 1
 SCORE_MOD_ALIBI = 2
@@ -97,6 +97,9 @@ class Problem(ctypes.Structure):
         ("alibi_slopes", ctypes.c_void_p),
         # jf_block_mask: zero-initialised, no block mask.
         ("block_mask", BlockMask),
+        # The table of a modifier that reads one: float32 [H][score_mod_table_width]; else NULL, 0.
+        ("score_mod_table", ctypes.c_void_p),
+        ("score_mod_table_width", ctypes.c_int32),
     ]
 
 

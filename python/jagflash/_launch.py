@@ -94,9 +94,10 @@ def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, p
         raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])
 
 
-def check_score_mod(q, softcap, alibi_slopes):
+def check_score_mod(q, softcap, alibi_slopes, score_mod=0, score_mod_table=None):
     """The score modifier in the ops' terms (softcap: 0 = none, else finite and > 0; alibi_slopes:
-    None or float32 [H] on q's device; one of the two at a time). The C library checks the same
+    None or float32 [H] on q's device; score_mod, score_mod_table: 0 and None, or the jf_score_mod of
+    a modifier that reads a table and that table, float32 [H, W] on q's device; one at a time). The C library checks the same
     (jf_score_mod); this says it in the caller's words, also for the fake kernels and
     jagflash.backend(), so a traced call fails where an eager one would."""
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
@@ -114,6 +115,22 @@ def check_score_mod(q, softcap, alibi_slopes):
         if softcap != 0:
             raise _errors.invalid_argument("softcap", "0 with alibi_slopes (one score modifier at a time)",
                                            repr(softcap))
+    if score_mod or score_mod_table is not None:
+        heads = q.shape[1]
+        if isinstance(score_mod, bool) or not isinstance(score_mod, int) or score_mod <= _capi.SCORE_MOD_ALIBI:
+            raise _errors.invalid_argument("score_mod", "the jf_score_mod of a modifier with a table "
+                                           "(jagflash.score_mod_kind(name))", repr(score_mod))
+        if not isinstance(score_mod_table, torch.Tensor) or score_mod_table.dtype != torch.float32 or \
+                score_mod_table.dim() != 2 or score_mod_table.shape[0] != heads or score_mod_table.shape[1] < 1 or \
+                score_mod_table.device != q.device:
+            got = (f"{score_mod_table.dtype} {tuple(score_mod_table.shape)} on {score_mod_table.device}"
+                   if isinstance(score_mod_table, torch.Tensor) else type(score_mod_table).__name__)
+            raise _errors.invalid_argument("score_mod_table", f"float32 ({heads}, W) (a row per query head) on "
+                                           f"{q.device}", got)
+        if softcap != 0 or alibi_slopes is not None:
+            raise _errors.invalid_argument("softcap" if softcap != 0 else "alibi_slopes",
+                                           "unset with score_mod_table (one score modifier at a time)",
+                                           repr(softcap) if softcap != 0 else "a tensor")
 
 
 def check_block_mask(q, q_offsets, blocks, offsets):
@@ -287,37 +304,41 @@ def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=Fa
 
 
 def _dense_slopes(alibi_slopes):
-    """The slopes as the C API reads them (a bare float pointer): a strided view is copied."""
+    """The slopes (or a modifier's table) as the C API reads them (a bare float pointer): a strided
+    view is copied."""
     if alibi_slopes is None or alibi_slopes.is_contiguous():
         return alibi_slopes
     return alibi_slopes.contiguous()
 
 
-def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes):
+def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes, score_mod, score_mod_table):
     check_inputs(q, k, v, q_offsets, kv_offsets)
-    check_score_mod(q, softcap, alibi_slopes)
+    check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
 
 
 def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
-            softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None):
+            softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None, score_mod=0,
+            score_mod_table=None):
     """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
     bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint). softcap (0 = none),
-    alibi_slopes (None or float32 [H]): the score modifier. block_mask_blocks (uint8) and
+    alibi_slopes (None or float32 [H]), score_mod and score_mod_table (0 and None, or a modifier with
+    a table: check_score_mod): the score modifier. block_mask_blocks (uint8) and
     block_mask_offsets (int32 [B+1]): the block-sparse map (jf_block_mask), both None for none."""
     fwd_op = _fwd_op or _ops()[0]
     device = q.device
-    if softcap or alibi_slopes is not None:
-        check_score_mod(q, softcap, alibi_slopes)
+    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
+        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         alibi_slopes = _dense_slopes(alibi_slopes)
+        score_mod_table = _dense_slopes(score_mod_table)
     if block_mask_blocks is not None or block_mask_offsets is not None:
         check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     try:
         out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
                                      _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
-                                     alibi_slopes, block_mask_blocks, block_mask_offsets)
+                                     alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, score_mod_table)
     except RuntimeError as error:
         def recheck():
-            _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes)
+            _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes, score_mod, score_mod_table)
             check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
         raise _translated(error, recheck) from None
     _offsets_check.remember("forward", check_mode, workspace)
@@ -329,27 +350,28 @@ def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sca
 
 def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
              max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
-             block_mask_offsets=None):
+             block_mask_offsets=None, score_mod=0, score_mod_table=None):
     """dq, dk, dv in the inputs' dtype and shapes (dout [.., Dv] like out); with GQA dk/dv sum
     over each group's query heads.
     deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
     always are). The block mask: the forward's (see forward)."""
     bwd_op = _bwd_op or _ops()[1]
     device = q.device
-    if softcap or alibi_slopes is not None:
-        check_score_mod(q, softcap, alibi_slopes)
+    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
+        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         alibi_slopes = _dense_slopes(alibi_slopes)
+        score_mod_table = _dense_slopes(score_mod_table)
     if block_mask_blocks is not None or block_mask_offsets is not None:
         check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
                                        window_right, scale, _offsets_check.launch_value(check_mode, device),
                                        max_seqlen, bool(deterministic), softcap, alibi_slopes, block_mask_blocks,
-                                       block_mask_offsets)
+                                       block_mask_offsets, score_mod, score_mod_table)
     except RuntimeError as error:
         def recheck():
             check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes)
+            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
             check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
         raise _translated(error, recheck) from None
     _offsets_check.remember("backward", check_mode, workspace)
@@ -425,22 +447,23 @@ def _device_guard(device):
 
 
 def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
-                   softcap=0.0, alibi_slopes=None):
+                   softcap=0.0, alibi_slopes=None, score_mod=0, score_mod_table=None):
     """Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by the B sequences of
     kv_offsets; out [B*Lq, H, Dv] (q's dtype), lse [H, B*Lq] (float32)."""
     fwd_op = _pooled_ops()[0]
     device = q.device
-    if softcap or alibi_slopes is not None:
-        check_score_mod(q, softcap, alibi_slopes)
+    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
+        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         alibi_slopes = _dense_slopes(alibi_slopes)
+        score_mod_table = _dense_slopes(score_mod_table)
     try:
         out, lse, workspace = fwd_op(q, k, v, kv_offsets, mask, window_left, window_right, scale,
                                      _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
-                                     alibi_slopes)
+                                     alibi_slopes, score_mod, score_mod_table)
     except RuntimeError as error:
         def recheck():
             check_pooled_inputs(q, k, v, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes)
+            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         raise _translated(error, recheck) from None
     _offsets_check.remember("forward", check_mode, workspace)
     if device.type == "cuda":
@@ -449,21 +472,23 @@ def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, 
 
 
 def pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_mode,
-                    max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
+                    max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0,
+                    score_mod_table=None):
     """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype."""
     bwd_op = _pooled_ops()[1]
     device = q.device
-    if softcap or alibi_slopes is not None:
-        check_score_mod(q, softcap, alibi_slopes)
+    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
+        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         alibi_slopes = _dense_slopes(alibi_slopes)
+        score_mod_table = _dense_slopes(score_mod_table)
     try:
         dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
                                        _offsets_check.launch_value(check_mode, device), max_seqlen,
-                                       bool(deterministic), softcap, alibi_slopes)
+                                       bool(deterministic), softcap, alibi_slopes, score_mod, score_mod_table)
     except RuntimeError as error:
         def recheck():
             check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes)
+            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
         raise _translated(error, recheck) from None
     _offsets_check.remember("backward", check_mode, workspace)
     if device.type == "cuda":

@@ -52,6 +52,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             ctypes.c_int64,
         ),
         "jagflash_cuda_device_count": ([], ctypes.c_int),
+        "jagflash_score_mod_by_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
     }
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)

@@ -1,5 +1,6 @@
 """The user-facing attention functions: argument conventions in, torch.ops.jagflash.fwd out; and
 jagflash.backend, which path would serve one of them."""
+import ctypes
 import numbers
 import re
 from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
@@ -7,7 +8,7 @@ from typing import Any, Iterable, Literal, Optional, Tuple, Union, overload
 import torch
 from torch import Tensor
 
-from . import _backend, _capi, _launch, _offsets_check, ops
+from . import _backend, _capi, _launch, _lib, _offsets_check, ops
 from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded
 from .block_mask import BlockMask
 from ._mask import mask_args
@@ -191,6 +192,39 @@ def _softcap(softcap: Optional[float]) -> float:
     return value
 
 
+_TABLE_KINDS = {}  # name -> jf_score_mod, asked of the C library once per name
+
+
+def score_mod_kind(name: str) -> int:
+    """The jf_score_mod of the score modifier `name` (src/core/score_mod.hpp's names: "softcap",
+    "alibi", and the modifiers with a table after them), from the C library; InvalidArgumentError
+    listing the names for one that no modifier has."""
+    if not isinstance(name, str):
+        raise invalid_argument("score_mod", "a score modifier's name (a str)", type(name).__name__)
+    kind = _TABLE_KINDS.get(name)
+    if kind is None:
+        value = ctypes.c_int(0)
+        if _lib.lib().jagflash_score_mod_by_name(name.encode(), ctypes.byref(value)) != _capi.OK:
+            message = _lib.lib().jagflash_last_error().decode()
+            raise invalid_argument("score_mod", message.split("expected ", 1)[-1].split(", got")[0], repr(name))
+        kind = _TABLE_KINDS[name] = value.value
+    return kind
+
+
+def _table_score_mod(score_mod: Optional[str], score_mod_table: Optional[Tensor]) -> int:
+    """The C API's kind of a modifier with a table: None (and no table) -> 0; softcap and ALiBi have
+    arguments of their own."""
+    if score_mod is None:
+        if score_mod_table is not None:
+            raise invalid_argument("score_mod", "the name of the modifier that reads score_mod_table", "None")
+        return 0
+    kind = score_mod_kind(score_mod)
+    if kind <= _capi.SCORE_MOD_ALIBI:
+        raise invalid_argument("score_mod", "the name of a modifier with a table (softcap= and alibi_slopes= "
+                               "give those two; None for none)", repr(score_mod))
+    return kind
+
+
 def _deterministic(deterministic: Optional[bool]) -> bool:
     """None follows torch's switch (torch.use_deterministic_algorithms), like torch's own ops."""
     if deterministic is None:
@@ -229,6 +263,8 @@ def jagged_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tensor: ...
 
 
@@ -251,6 +287,8 @@ def jagged_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]: ...
 
 
@@ -273,6 +311,8 @@ def jagged_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]: ...
 
 
@@ -294,6 +334,8 @@ def jagged_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a jagged (packed) batch; differentiable in q, k and v.
 
@@ -329,6 +371,9 @@ def jagged_attention(
     differentiable): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
     bias, bottom-right aligned like the masks). One modifier at a time; on CUDA the Hopper kernels
     serve both at head dims 64 and 128 (forward also 256), the GPU oracle the rest.
+    score_mod, score_mod_table: None, or the name of a score modifier that reads a table (the C
+    library's, src/core/score_mod.hpp: e.g. "relative_bias") and that table, float32 [H, W] on q's
+    device, as the modifier defines it (not differentiable: a table that requires grad is refused).
     block_mask: None, or a jagflash.BlockMask for this batch (on q's device): query i of sequence b
     sees key j when the mask (causal, window) lets it AND block (i // 128, j // 128) of b's map is
     visible (blocks counted from the sequence's first query and key; see jagflash.BlockMask for
@@ -364,9 +409,10 @@ def jagged_attention(
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
     cap = _softcap(softcap)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
+    table_kind = 0 if score_mod is None and score_mod_table is None else _table_score_mod(score_mod, score_mod_table)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
             _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes, blocks,
-            block_offsets)
+            block_offsets, table_kind, score_mod_table)
     try:
         # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
         if ops.eager_fast_path_allowed(q, k, v):
@@ -441,13 +487,16 @@ def attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tensor:
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D) (v: (B, j, H_kv, Dv),
     head dims as in jagged_attention).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
     (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets, deterministic, softcap,
-    alibi_slopes and block_mask (built for q's and k's offsets) as in jagged_attention.
+    alibi_slopes, block_mask (built for q's and k's offsets), score_mod and score_mod_table as in
+    jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
     if _offsets_of(k).shape != _offsets_of(q).shape:
@@ -456,7 +505,8 @@ def attention(
     try:
         out = jagged_attention(q_values, k_values, v_values, _offsets_of(q), kv_offsets, causal=causal, window=window,
                                scale=scale, check_offsets=check_offsets, deterministic=deterministic,
-                               softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
+                               softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask,
+                               score_mod=score_mod, score_mod_table=score_mod_table)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
@@ -509,6 +559,8 @@ def pooled_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     block_mask: Optional[BlockMask] = None,
+    score_mod: Optional[str] = None,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Pooled attention (Pooling by Multihead Attention): one query set attends over every sequence
     of a jagged batch; differentiable in q, k and v.
@@ -523,7 +575,8 @@ def pooled_attention(
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
     jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D)
     (other values as in jagged_attention).
-    check_offsets, deterministic, softcap and alibi_slopes as in jagged_attention (ALiBi with Lq
+    check_offsets, deterministic, softcap, alibi_slopes, score_mod and score_mod_table as in
+    jagged_attention (positions, as ALiBi's, with Lq
     queries against the sequence's length, bottom-right aligned). CUDA tensors run the GPU path (the
     Hopper kernels where they serve the call, as jagged_attention's), CPU tensors the C++ float64
     reference.
@@ -549,7 +602,8 @@ def pooled_attention(
     try:
         out, lse = ops.pooled_fwd(q, k_values, v_values, kv_offsets_i32, mask, window_left, window_right,
                                   _scale(scale), _offsets_check.resolve(check_offsets), 0,
-                                  _deterministic(deterministic), _softcap(softcap), alibi_slopes)
+                                  _deterministic(deterministic), _softcap(softcap), alibi_slopes,
+                                  _table_score_mod(score_mod, score_mod_table), score_mod_table)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v) if nested else None
         if cause is None:
@@ -564,7 +618,8 @@ def pooled_attention(
 
 def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
             backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-            block_mask: Optional[BlockMask] = None) -> str:
+            block_mask: Optional[BlockMask] = None, score_mod: Optional[str] = None,
+            score_mod_table: Optional[Tensor] = None) -> str:
     """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
@@ -582,15 +637,20 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
     cap = _softcap(softcap)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets)
-    _launch.check_head_dims(q, k, v, backward=backward, modified=cap != 0 or alibi_slopes is not None,
+    table_kind = _table_score_mod(score_mod, score_mod_table)
+    _launch.check_head_dims(q, k, v, backward=backward,
+                            modified=cap != 0 or alibi_slopes is not None or table_kind != 0,
                             blocked=blocks is not None)
-    _launch.check_score_mod(q, cap, alibi_slopes)
+    _launch.check_score_mod(q, cap, alibi_slopes, table_kind, score_mod_table)
     q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
     problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
     if alibi_slopes is not None:
         problem.score_mod, problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, alibi_slopes.data_ptr()
     elif cap:
         problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
+    elif table_kind:
+        problem.score_mod, problem.score_mod_table = table_kind, score_mod_table.data_ptr()
+        problem.score_mod_table_width = score_mod_table.shape[1]
     if blocks is not None:
         # An empty map (no bytes) points at its offsets, as the binding passes it (never half a mask).
         blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()

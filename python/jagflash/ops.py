@@ -39,24 +39,30 @@ def fwd(
     alibi_slopes: Optional[Tensor] = None,
     block_mask_blocks: Optional[Tensor] = None,
     block_mask_offsets: Optional[Tensor] = None,
+    score_mod: int = 0,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32. The lse is always produced: the
     backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
     the choice of kernel. deterministic: for the backward (the forward always is), which gets it
     with the other scalars. softcap, alibi_slopes: the score modifier. block_mask_blocks,
-    block_mask_offsets: the block-sparse map (jagflash.BlockMask's blocks and offsets)."""
+    block_mask_offsets: the block-sparse map (jagflash.BlockMask's blocks and offsets). score_mod,
+    score_mod_table: a modifier that reads a table (its jf_score_mod, float32 [H, W]), 0 and None for
+    none; not differentiable."""
     return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                           max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets)
+                           max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod,
+                           score_mod_table)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-              deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None):
+              deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None,
+              score_mod=0, score_mod_table=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None,
+    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
                             blocked=block_mask_blocks is not None)
     _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
     _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     total_q, heads, _ = q.shape
     return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
@@ -83,37 +89,44 @@ def bwd(
     alibi_slopes: Optional[Tensor] = None,
     block_mask_blocks: Optional[Tensor] = None,
     block_mask_offsets: Optional[Tensor] = None,
+    score_mod: int = 0,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
     [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are). The block
     mask: the forward's."""
     return _launch.backward(
         dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-        max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets,
+        max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod,
+        score_mod_table,
     )
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
               max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
-              block_mask_offsets=None):
+              block_mask_offsets=None, score_mod=0, score_mod_table=None):
     _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None,
+    _launch.check_head_dims(q, k, v, backward=True,
+                            modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
                             blocked=block_mask_blocks is not None)
     _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
     _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    # The slopes and the block mask (last) are saved as tensors; the scalars before them go back to
-    # bwd as they came.
-    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets = inputs
+    # The slopes, the block mask and the modifier's table are saved as tensors; the scalars before
+    # them (and the table's kind) go back to bwd as they came.
+    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, \
+        score_mod_table = inputs
+    _refuse_table_gradient(score_mod_table)
     out, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks,
-                          block_mask_offsets)
+                          block_mask_offsets, score_mod_table)
     ctx.scalars = scalars
+    ctx.score_mod = score_mod
     # lse is an output for callers that want it, not a differentiable one: the C API has no
     # gradient input for it.
     ctx.mark_non_differentiable(lse)
@@ -141,6 +154,15 @@ class _RefuseDoubleBackward(torch.autograd.Function):
         raise UnsupportedError(_DOUBLE_BACKWARD_MESSAGE, _capi.ERR_UNSUPPORTED)
 
 
+def _refuse_table_gradient(score_mod_table):
+    """A modifier's table gets no gradient from the C library: one that asks for it (a learnable
+    bias) would otherwise train on a silent zero."""
+    if score_mod_table is not None and score_mod_table.requires_grad and torch.is_grad_enabled():
+        raise UnsupportedError("jagflash: score_mod_table requires grad, and jagflash computes no gradient "
+                               "for a score modifier's table (only dq, dk, dv); pass score_mod_table.detach() "
+                               "to train without one", _capi.ERR_UNSUPPORTED)
+
+
 def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
     """Only under create_graph=True (grad mode on inside a backward) is there anything to tie;
     a plain backward returns the gradients as they are."""
@@ -150,14 +172,15 @@ def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks, block_mask_offsets = ctx.saved_tensors
+    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks, block_mask_offsets, \
+        score_mod_table = ctx.saved_tensors
     # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
     with torch.no_grad():
         dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
-                         block_mask_blocks, block_mask_offsets)
+                         block_mask_blocks, block_mask_offsets, ctx.score_mod, score_mod_table)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    # No gradient for the offsets, the scalars, the slopes or the block mask.
-    return (dq, dk, dv) + (None,) * 13
+    # No gradient for the offsets, the scalars, the slopes, the block mask or the modifier's table.
+    return (dq, dk, dv) + (None,) * 15
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -179,20 +202,23 @@ def pooled_fwd(
     deterministic: bool = False,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    score_mod: int = 0,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """out [B*Lq, H, Dv] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
     length - 1. deterministic: for the backward, as in fwd."""
     return _launch.pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                                  max_seqlen, softcap, alibi_slopes)
+                                  max_seqlen, softcap, alibi_slopes, score_mod, score_mod_table)
 
 
 @pooled_fwd.register_fake
 def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-                     deterministic=False, softcap=0.0, alibi_slopes=None):
+                     deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0, score_mod_table=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None, pooled=True)
+    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
+                            pooled=True)
     _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
     lq, heads, _ = q.shape
     rows = (kv_offsets.shape[0] - 1) * lq
     return q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
@@ -216,37 +242,44 @@ def pooled_bwd(
     deterministic: bool = False,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    score_mod: int = 0,
+    score_mod_table: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """dq [Lq, H, D] (the sum of every sequence's contribution), dk, dv per sequence."""
     return _launch.pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
-                                   check_offsets, max_seqlen, deterministic, softcap, alibi_slopes)
+                                   check_offsets, max_seqlen, deterministic, softcap, alibi_slopes, score_mod,
+                                   score_mod_table)
 
 
 @pooled_bwd.register_fake
 def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                     max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None):
+                     max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0,
+                     score_mod_table=None):
     _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True, modified=softcap != 0 or alibi_slopes is not None,
-                            pooled=True)
+    _launch.check_head_dims(q, k, v, backward=True,
+                            modified=softcap != 0 or alibi_slopes is not None or score_mod != 0, pooled=True)
     _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes)
+    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _pooled_setup_context(ctx, inputs, output):
-    q, k, v, kv_offsets, *scalars, alibi_slopes = inputs
+    q, k, v, kv_offsets, *scalars, alibi_slopes, score_mod, score_mod_table = inputs
+    _refuse_table_gradient(score_mod_table)
     out, lse = output
-    ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes)
+    ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table)
     ctx.scalars = scalars
+    ctx.score_mod = score_mod
     ctx.mark_non_differentiable(lse)
 
 
 def _pooled_backward(ctx, dout, _dlse):
-    q, k, v, kv_offsets, out, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table = ctx.saved_tensors
     with torch.no_grad():
-        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars, alibi_slopes)
+        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars, alibi_slopes,
+                                ctx.score_mod, score_mod_table)
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 12
 
 
 pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_context)
@@ -261,8 +294,8 @@ class EagerAttention(torch.autograd.Function):
 
     Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
     the op's scalars as one tuple (each argument costs autograd.Function's apply time; after
-    deterministic: softcap, alibi_slopes and the block mask's blocks and offsets, not
-    differentiated). The offsets and the block mask are saved for backward with the tensors, as the
+    deterministic: softcap, alibi_slopes, the block mask's blocks and offsets, score_mod and
+    score_mod_table, not differentiated). The offsets and the block mask are saved for backward with the tensors, as the
     registered op saves them: offsets or a map changed in place between the forward and the
     backward then raise torch's "modified by an inplace operation" instead of giving the gradients
     of other sequences or another map."""
@@ -270,11 +303,13 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
         # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes, the block
-        # mask's blocks and offsets.
+        # mask's blocks and offsets, the table modifier's kind and table.
+        _refuse_table_gradient(scalars[12])
         out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], *scalars[7:])
         # The block mask is saved like the offsets (a map changed in place before the backward raises).
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[9], scalars[10])
         ctx.scalars = scalars[:9]
+        ctx.score_mod = scalars[11:]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -284,11 +319,13 @@ class EagerAttention(torch.autograd.Function):
         if dout.dtype is not q.dtype:
             dout = dout.to(q.dtype)
         if not torch.is_grad_enabled():  # a plain backward: nothing is recorded anyway
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask,
+                                          *ctx.score_mod)
             return dq, dk, dv, None, None, None
         # create_graph=True: the copies the binding may make are not recorded.
         with torch.no_grad():
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask,
+                                          *ctx.score_mod)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None
 
@@ -302,10 +339,11 @@ _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *scalars):
-    """EagerAttention on the op's arguments (q, k, v, the offsets, then its eleven scalars; as with
-    the op, the score modifier's two and the block mask's two may be left out)."""
-    if len(scalars) != 11:
-        scalars = scalars + (0.0, None, None, None)[len(scalars) - 7:]
+    """EagerAttention on the op's arguments (q, k, v, the offsets, then its thirteen scalars; as with
+    the op, the score modifier's two, the block mask's two and the table modifier's two may be left
+    out)."""
+    if len(scalars) != 13:
+        scalars = scalars + (0.0, None, None, None, 0, None)[len(scalars) - 7:]
     if _functorch_transforms_active():
         return EagerAttention.apply(q, k, v, q_offsets, kv_offsets, scalars)
     return _apply_eager(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(q_offsets),

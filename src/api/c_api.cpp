@@ -6,6 +6,7 @@
 #include "api/dispatch.hpp"
 #include "api/error.hpp"
 #include "api/validate.hpp"
+#include "core/score_mod.hpp"
 
 #include <cuda_runtime.h>
 
@@ -138,6 +139,26 @@ jf_status jagflash_synchronize(void* stream) {
     int device = 0;
     JF_CUDA_CHECK(cudaGetDevice(&device));
     jagflash::detail::report_latched_device_error(device);
+  });
+}
+
+jf_status jagflash_score_mod_by_name(const char* name, jf_score_mod* kind) {
+  return guarded([&] {
+    require_non_null("name", name);
+    require_non_null("kind", kind);
+    std::string known;
+    bool found = false;
+    jagflash::ScoreModTypes::for_each([&](auto mod) {
+      using Mod = decltype(mod);
+      if (!found && std::strcmp(Mod::kName, name) == 0) {
+        *kind = Mod::kKind;
+        found = true;
+      }
+      known += (known.empty() ? "\"" : ", \"") + std::string(Mod::kName) + "\"";
+    });
+    if (found) return;
+    jagflash::detail::fail_argument("name", "the name of a score modifier (" + known + ")",
+                                    std::string("\"") + name + "\"");
   });
 }
 

@@ -5,11 +5,13 @@
 #include "core/block_mask.hpp"
 #include "core/dtype.hpp"
 #include "core/pooled.hpp"
+#include "core/score_mod.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +50,26 @@ void check_enum(const char* name, const E& field, int lo, int hi, const char* ex
   if (value < lo || value > hi) fail_argument(name, expected, value);
 }
 
+// "JF_SCORE_MOD_" and a modifier's name in capitals: its enum value's name in jagflash.h.
+std::string score_mod_enum_name(const char* name) {
+  std::string e = "JF_SCORE_MOD_";
+  for (const char* c = name; *c != '\0'; ++c)
+    e += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
+  return e;
+}
+
+// One of ScoreModTypes (core/score_mod.hpp), read as an int as check_enum reads.
+void check_score_mod_kind(const jf_score_mod& field) {
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  std::string known;
+  ScoreModTypes::for_each([&](auto mod) {
+    known += (known.empty() ? "one of " : ", ") + score_mod_enum_name(decltype(mod)::kName);
+  });
+  if (!ScoreModTypes::contains(static_cast<jf_score_mod>(value)))
+    fail_argument("problem.score_mod", known, value);
+}
+
 // q's (and k's) head dim: any multiple of 8 up to 256, as FlashAttention-2 takes. v's may be
 // smaller (DeepSeek's 192 / 128): out, dout and dv then have v's.
 void check_head_dims(const jf_problem& p) {
@@ -78,32 +100,68 @@ void check_pointer_location(const std::string& name, const void* p, jf_device de
     fail_argument(name, "a host pointer (problem.device = JF_DEVICE_CPU)", "a CUDA device pointer");
 }
 
-// The score modifier's parameters: each kind sets its own and leaves the other's unset, so a
-// field set by mistake is never silently ignored. The kind has been range-checked.
+// The kinds that read a modifier field (ScoreModField), for the hint of a field set without one.
+std::string score_mod_readers(unsigned field) {
+  std::string readers;
+  ScoreModTypes::for_each([&](auto mod) {
+    if ((decltype(mod)::kFields & field) == 0) return;
+    readers += (readers.empty() ? "" : " or ") + score_mod_enum_name(decltype(mod)::kName);
+  });
+  return readers;
+}
+
+// The score modifier's fields (core/score_mod.hpp): the kind's own as its check requires, every
+// other one unset (0, NULL), so a value given by mistake is never silently ignored. The kind has
+// been checked to be one of ScoreModTypes.
 void check_score_mod(const jf_problem& p, bool ask_location) {
-  const jf_score_mod kind = p.score_mod;
-  if (kind == JF_SCORE_MOD_SOFTCAP) {
-    if (!std::isfinite(p.softcap) || p.softcap <= 0.0f)
-      fail_argument("problem.softcap", "a finite number > 0 with JF_SCORE_MOD_SOFTCAP", p.softcap);
-  } else if (p.softcap != 0.0f) {
-    fail_argument("problem.softcap",
-                  kind == JF_SCORE_MOD_NONE
-                      ? "0 with JF_SCORE_MOD_NONE (use JF_SCORE_MOD_SOFTCAP for a softcap)"
-                      : "0 with JF_SCORE_MOD_ALIBI",
-                  p.softcap);
-  }
-  if (kind == JF_SCORE_MOD_ALIBI) {
-    if (p.alibi_slopes == nullptr)
-      fail_argument("problem.alibi_slopes", "a non-null pointer to H float32 with JF_SCORE_MOD_ALIBI",
-                    "NULL");
-    check_aligned("problem.alibi_slopes", p.alibi_slopes, alignof(float), "float32");
-    check_pointer_location("problem.alibi_slopes", p.alibi_slopes, p.device, ask_location);
-  } else if (p.alibi_slopes != nullptr) {
-    fail_argument("problem.alibi_slopes",
-                  kind == JF_SCORE_MOD_NONE ? "NULL with JF_SCORE_MOD_NONE (use JF_SCORE_MOD_ALIBI for ALiBi)"
-                                            : "NULL with JF_SCORE_MOD_SOFTCAP",
-                  p.alibi_slopes);
-  }
+  ScoreModTypes::visit(p.score_mod, [&](auto mod) {
+    using Mod = decltype(mod);
+    const std::string kind = score_mod_enum_name(Mod::kName);
+    auto unset = [&](unsigned field, const char* argument, const char* zero, const auto& given) {
+      if ((Mod::kFields & field) != 0) return;
+      fail_argument(argument,
+                    std::string(zero) + " with " + kind + " (it is " + score_mod_readers(field) + "'s)",
+                    given);
+    };
+    // -0 is 0; NaN is not.
+    if (p.softcap != 0.0f) unset(kSoftcapField, "problem.softcap", "0", p.softcap);
+    if (p.alibi_slopes != nullptr) unset(kAlibiSlopesField, "problem.alibi_slopes", "NULL", p.alibi_slopes);
+    if (p.score_mod_table != nullptr)
+      unset(kTableField, "problem.score_mod_table", "NULL", p.score_mod_table);
+    if (p.score_mod_table_width != 0)
+      unset(kTableField, "problem.score_mod_table_width", "0", p.score_mod_table_width);
+    if ((Mod::kFields & kTableField) != 0) {
+      if (p.score_mod_table == nullptr)
+        fail_argument("problem.score_mod_table",
+                      "a non-null pointer to H x score_mod_table_width float32 with " + kind, "NULL");
+      if (p.score_mod_table_width <= 0)
+        fail_argument("problem.score_mod_table_width", "> 0 with " + kind, p.score_mod_table_width);
+    }
+    const ScoreModCheck c = Mod::check(p);
+    if (c.argument != nullptr) {
+      const std::string arg = c.argument;
+      if (arg == "problem.softcap") fail_argument(arg, c.expected, p.softcap);
+      auto pointer_text = [](const void* q) {
+        std::ostringstream t;
+        if (q == nullptr)
+          t << "NULL";
+        else
+          t << q;
+        return t.str();
+      };
+      if (arg == "problem.alibi_slopes") fail_argument(arg, c.expected, pointer_text(p.alibi_slopes));
+      if (arg == "problem.score_mod_table") fail_argument(arg, c.expected, pointer_text(p.score_mod_table));
+      fail_argument(arg, c.expected, p.score_mod_table_width);
+    }
+    if ((Mod::kFields & kAlibiSlopesField) != 0) {
+      check_aligned("problem.alibi_slopes", p.alibi_slopes, alignof(float), "float32");
+      check_pointer_location("problem.alibi_slopes", p.alibi_slopes, p.device, ask_location);
+    }
+    if ((Mod::kFields & kTableField) != 0) {
+      check_aligned("problem.score_mod_table", p.score_mod_table, alignof(float), "float32");
+      check_pointer_location("problem.score_mod_table", p.score_mod_table, p.device, ask_location);
+    }
+  });
 }
 
 // The block-sparse map (jf_block_mask): both pointers or neither, so half a map is never silently
@@ -220,8 +278,7 @@ void check_problem(const jf_problem& p, bool ask_location) {
   check_enum("problem.device", p.device, JF_DEVICE_CPU, JF_DEVICE_CUDA, "JF_DEVICE_CPU or JF_DEVICE_CUDA");
   check_enum("problem.mask", p.mask, JF_MASK_NONE, JF_MASK_WINDOW,
              "JF_MASK_NONE, JF_MASK_CAUSAL or JF_MASK_WINDOW");
-  check_enum("problem.score_mod", p.score_mod, JF_SCORE_MOD_NONE, JF_SCORE_MOD_ALIBI,
-             "JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP or JF_SCORE_MOD_ALIBI");
+  check_score_mod_kind(p.score_mod);
   // Head dims first: what no path serves on the device asked for is said as such, also in a
   // process that sees no GPU (where the device check below would refuse it anyway).
   check_head_dims(p);
@@ -424,6 +481,7 @@ NamedRanges problem_inputs(const jf_problem& p) {
           {"problem.q_offsets", offsets_range(p.q_offsets, p.batch_size)},
           {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)},
           {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)},
+          {"problem.score_mod_table", lse_range(p.score_mod_table, p.q.heads, p.score_mod_table_width)},
           {"problem.block_mask.offsets", offsets_range(p.block_mask.offsets, p.batch_size)},
           {"problem.block_mask.blocks", block_mask_range(p.block_mask)}};
 }

@@ -2,6 +2,8 @@
 
 #include "fuzz_case.hpp"
 
+#include "core/score_mod.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -140,10 +142,18 @@ class Judge {
   // else NULL. The slopes' values are the caller's: any float is accepted.
   void score_mod(const jf_problem& p) {
     const int kind = enum_value(p.score_mod);
-    if (kind < JF_SCORE_MOD_NONE || kind > JF_SCORE_MOD_ALIBI) {
+    if (!ScoreModTypes::contains(static_cast<jf_score_mod>(kind))) {
       add("problem.score_mod", "one of the jf_score_mod values");
       return;
     }
+    // The table: only a kind that reads one (none the fuzzer picks) takes it.
+    bool reads_table = false;
+    ScoreModTypes::visit(p.score_mod,
+                         [&](auto mod) { reads_table = (decltype(mod)::kFields & kTableField) != 0; });
+    if (!reads_table && p.score_mod_table != nullptr)
+      add("problem.score_mod_table", "NULL without a table's kind");
+    if (!reads_table && p.score_mod_table_width != 0)
+      add("problem.score_mod_table_width", "0 without a table's kind");
     if (kind == JF_SCORE_MOD_SOFTCAP) {
       if (!std::isfinite(p.softcap) || !(p.softcap > 0.0f))
         add("problem.softcap", "finite and > 0 with JF_SCORE_MOD_SOFTCAP");

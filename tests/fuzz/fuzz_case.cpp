@@ -464,7 +464,7 @@ void mutate_score_mod(CaseSpec& s, Rng& rng) {
   std::ostringstream m;
   switch (rng.range(0, 5)) {
     case 0:
-      s.score_mod = rng.pick({-1, 3, 7, kI32Min, kI32Max});
+      s.score_mod = rng.pick({-1, 64, 1000, kI32Min, kI32Max});  // past any kind ScoreModTypes will list
       m << "problem.score_mod = " << s.score_mod;
       break;
     case 1:

@@ -372,8 +372,19 @@ struct Consumer {
               for (int r = 0; r < kRows; ++r)
                 row_base[r] =
                     static_cast<float>(key0 + coords.row(r) - row0 - coords.col_base - (t.len_kv - t.len_q));
-              // The slope read per block (an L1 hit), not kept across the loop: a register less.
-              Mod::template apply<-1>(s_rc, p.score_mod, Mod::raw_slope(p.score_mod, h), row_base);
+              if constexpr (Mod::kGeneric) {
+                // Its dS is P (dP - delta): no dscore kept (KernelScoreMod::Policy).
+                static_assert(Mod::Policy::kUnitDerivative,
+                              "the Hopper backward serves generic modifiers whose dscore is 1");
+                int32_t key_pos[kRows];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) key_pos[r] = key0 + coords.row(r);
+                Mod::template apply_generic<false>(s_rc, p.score_mod, h, key_pos, row0 + coords.col_base,
+                                                   t.len_q, t.len_kv);
+              } else {
+                // The slope read per block (an L1 hit), not kept across the loop: a register less.
+                Mod::template apply<-1>(s_rc, p.score_mod, Mod::raw_slope(p.score_mod, h), row_base);
+              }
               if constexpr (kKeepDscore) {  // before the mask: t is finite, a masked score is not
 #pragma unroll
                 for (int r = 0; r < kRows; ++r)

@@ -8,15 +8,21 @@
 //  - ALiBi: score = scale * s - slope_h * |j - i - (Lk - Lq)|; in raw-score units the bias is
 //    -(slope_h / scale) * |d|, added where the fragment's (row, column) are (i, j) forward and
 //    (j, i) backward (S^T).
+//  - any other modifier of core/score_mod.hpp (kGeneric): its score() per element, on the scaled
+//    score and the element's (query, key) coordinates, the result in raw-score units again
+//    (score(scale s) / scale), so the exponent's factor stays the softmax scale's.
 // KernelScoreMod<JF_SCORE_MOD_NONE> does nothing and holds nothing the kernels read: the default
 // kernels compile to the code they had without a modifier.
 #pragma once
 
+#include "core/score_mod.hpp"
 #include "kernels/common/accumulator.cuh"
 
 #include <jagflash/jagflash.h>
 
 #include <cute/tensor.hpp>
+
+#include <type_traits>
 
 namespace jagflash::kernels::common {
 
@@ -42,6 +48,9 @@ struct ScoreModArgs {
   float softcap_from_log2 = 0.f;        // softcap: 1 / (cap x log2 e), t of a score from its exponent
   float alibi_factor = 0.f;             // ALiBi: 1 / scale, a slope in raw-score units
   const float* alibi_slopes = nullptr;  // ALiBi: [query heads]
+  ScoreModValues values;                // a generic modifier: jf_problem's fields
+  float scale = 0.f;                    // a generic modifier: the softmax scale and its inverse
+  float inv_scale = 0.f;
 };
 
 template <jf_score_mod kKind>
@@ -49,6 +58,10 @@ struct KernelScoreMod {
   static constexpr bool kNone = kKind == JF_SCORE_MOD_NONE;
   static constexpr bool kSoftcap = kKind == JF_SCORE_MOD_SOFTCAP;
   static constexpr bool kAlibi = kKind == JF_SCORE_MOD_ALIBI;
+  static constexpr bool kGeneric = !kNone && !kSoftcap && !kAlibi;
+  // The modifier's policy (core/score_mod.hpp); what a generic one evaluates.
+  using Policy = typename ScoreModOf<kKind>::type;
+  static_assert(!std::is_void_v<Policy>, "a jf_score_mod kind with no modifier in ScoreModTypes");
 
   // The slope of query head h in raw-score units (ALiBi; 0 otherwise): read once per head.
   __device__ static float raw_slope(const ScoreModArgs& a, int32_t head) {
@@ -65,6 +78,26 @@ struct KernelScoreMod {
   __device__ static float dscore_of_p(float p, float lse_log2, const ScoreModArgs& a) {
     const float t = fminf(fmaxf((log2_approx(p) + lse_log2) * a.softcap_from_log2, -1.f), 1.f);
     return fmaf(-t, t, 1.f);
+  }
+
+  // A generic modifier (kGeneric) on a fragment of raw scores, in place: element (r, c) sits at
+  // row row_pos[r] and column col_pos0 + col_offset(c) of the sequence; rows are queries forward
+  // (kRowsAreQueries) and keys in the backward's S^T. Padding rows and keys past the sequence get
+  // coordinates past it too (the mask hides them afterwards): a modifier's score() must stay in
+  // bounds there (core/score_mod.hpp).
+  template <bool kRowsAreQueries, class TensorS, int kRows>
+  __device__ static void apply_generic(TensorS& s_rc, const ScoreModArgs& a, int32_t head,
+                                       const int32_t (&row_pos)[kRows], int32_t col_pos0, int32_t len_q,
+                                       int32_t len_kv) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const int32_t col = col_pos0 + AccumulatorCoords::col_offset(c);
+        const ScoreCoordsOf<int32_t> at{head, kRowsAreQueries ? row_pos[r] : col,
+                                        kRowsAreQueries ? col : row_pos[r], len_q, len_kv};
+        s_rc(r, c) = Policy::score(a.values, s_rc(r, c) * a.scale, at) * a.inv_scale;
+      }
   }
 
   // s_rc: (rows, cols) view of raw scores. Diagonal offset of element (r, c):
@@ -144,6 +177,10 @@ inline ScoreModLaunch score_mod_launch(const jf_problem& pb, float scale) {
   } else if (pb.score_mod == JF_SCORE_MOD_ALIBI) {
     l.args.alibi_factor = 1.f / scale;
     l.args.alibi_slopes = pb.alibi_slopes;
+  } else if (pb.score_mod != JF_SCORE_MOD_NONE) {
+    l.args.values = ScoreModValues::of(pb);
+    l.args.scale = scale;
+    l.args.inv_scale = 1.f / scale;
   }
   return l;
 }

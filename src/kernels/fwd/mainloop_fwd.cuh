@@ -279,11 +279,18 @@ struct Consumer {
             row_base[r] =
                 static_cast<float>(n * Traits::kBlockN + coords.col_base -
                                    (t.m_block * Traits::kBlockM + coords.row(r)) - (t.len_kv - t.len_q));
-          if constexpr (Mod::kAlibi)
+          if constexpr (Mod::kAlibi) {
             common::alibi_with_row_offsets<AccumulatorCoords::col_offset(decltype(size<1>(s_rc))::value - 1)>(
                 s_rc, alibi_slope, row_base, row_offset);
-          else
+          } else if constexpr (Mod::kGeneric) {
+            int32_t row_pos[kRows];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) row_pos[r] = t.m_block * Traits::kBlockM + coords.row(r);
+            Mod::template apply_generic<true>(s_rc, p.score_mod, t.head, row_pos,
+                                              n * Traits::kBlockN + coords.col_base, t.len_q, t.len_kv);
+          } else {
             Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
+          }
         }
         (void)n;
       };
