@@ -219,6 +219,7 @@ def _table_score_mod(score_mod: Optional[str], score_mod_table: Optional[Tensor]
             raise invalid_argument("score_mod", "the name of the modifier that reads score_mod_table", "None")
         return 0
     kind = score_mod_kind(score_mod)
+    ops.refuse_table_gradient(score_mod_table)
     if kind <= _capi.SCORE_MOD_ALIBI:
         raise invalid_argument("score_mod", "the name of a modifier with a table (softcap= and alibi_slopes= "
                                "give those two; None for none)", repr(score_mod))

@@ -121,7 +121,7 @@ def _setup_context(ctx, inputs, output):
     # them (and the table's kind) go back to bwd as they came.
     q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, \
         score_mod_table = inputs
-    _refuse_table_gradient(score_mod_table)
+    refuse_table_gradient(score_mod_table)
     out, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks,
                           block_mask_offsets, score_mod_table)
@@ -154,7 +154,7 @@ class _RefuseDoubleBackward(torch.autograd.Function):
         raise UnsupportedError(_DOUBLE_BACKWARD_MESSAGE, _capi.ERR_UNSUPPORTED)
 
 
-def _refuse_table_gradient(score_mod_table):
+def refuse_table_gradient(score_mod_table):
     """A modifier's table gets no gradient from the C library: one that asks for it (a learnable
     bias) would otherwise train on a silent zero."""
     if score_mod_table is not None and score_mod_table.requires_grad and torch.is_grad_enabled():
@@ -265,7 +265,7 @@ def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, win
 
 def _pooled_setup_context(ctx, inputs, output):
     q, k, v, kv_offsets, *scalars, alibi_slopes, score_mod, score_mod_table = inputs
-    _refuse_table_gradient(score_mod_table)
+    refuse_table_gradient(score_mod_table)
     out, lse = output
     ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table)
     ctx.scalars = scalars
@@ -304,7 +304,6 @@ class EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
         # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes, the block
         # mask's blocks and offsets, the table modifier's kind and table.
-        _refuse_table_gradient(scalars[12])
         out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], *scalars[7:])
         # The block mask is saved like the offsets (a map changed in place before the backward raises).
         ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[9], scalars[10])

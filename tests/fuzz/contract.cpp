@@ -154,6 +154,18 @@ class Judge {
       add("problem.score_mod_table", "NULL without a table's kind");
     if (!reads_table && p.score_mod_table_width != 0)
       add("problem.score_mod_table_width", "0 without a table's kind");
+    if (reads_table) {
+      if (p.score_mod_table == nullptr) add("problem.score_mod_table", "non-null with a table's kind");
+      if (p.score_mod_table_width <= 0) add("problem.score_mod_table_width", "> 0 with a table's kind");
+      // The kind's own check of its values (core/score_mod.hpp), as the caller reads its contract.
+      ScoreModTypes::visit(p.score_mod, [&](auto mod) {
+        const ScoreModCheck c = decltype(mod)::check(p);
+        if (c.argument != nullptr) add(c.argument, c.expected);
+      });
+      if (reinterpret_cast<uintptr_t>(p.score_mod_table) % alignof(float) != 0)
+        add("problem.score_mod_table", "4-byte aligned (float32)");
+      pointer("problem.score_mod_table", p.score_mod_table);
+    }
     if (kind == JF_SCORE_MOD_SOFTCAP) {
       if (!std::isfinite(p.softcap) || !(p.softcap > 0.0f))
         add("problem.softcap", "finite and > 0 with JF_SCORE_MOD_SOFTCAP");

@@ -768,7 +768,7 @@ std::vector<CaseSpec> regression_cases() {
     };
     cases.push_back(softcap("softcap 30 (valid)", JF_SCORE_MOD_SOFTCAP, 30.0f));
     cases.push_back(alibi("ALiBi, 4 slopes (valid)", JF_SCORE_MOD_ALIBI, Placement{Placement::kOwn}));
-    cases.push_back(softcap("problem.score_mod = 3", 3, 0.0f));
+    cases.push_back(softcap("problem.score_mod = 64", 64, 0.0f));
     cases.push_back(softcap("problem.softcap = NaN with SOFTCAP", JF_SCORE_MOD_SOFTCAP,
                             std::numeric_limits<float>::quiet_NaN()));
     cases.push_back(softcap("problem.softcap = -0 with SOFTCAP", JF_SCORE_MOD_SOFTCAP, -0.0f));
