@@ -64,7 +64,9 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
  *           (bottom-right aligned like the masks: 0 on the causal diagonal, negative off it), one
  *           fp32 slope per query head in problem.alibi_slopes [H], in the memory q lives in.
  * The kinds after ALIBI read problem.score_mod_table, fp32 [H][score_mod_table_width] in the
- * memory q lives in (row h for query head h), as each kind says.
+ * memory q lives in (row h for query head h), as each kind says:
+ *  RELATIVE_BIAS: s -> s + table[h][clip(j - i - (Lk - Lq), -R, R) + R], width 2R + 1 (odd): a
+ *           bias per head and clipped relative position (T5, HSTU; T5's log buckets expand to it).
  * A kind sets the fields it reads and leaves every other modifier field 0 / NULL (NONE: all).
  * jagflash_score_mod_by_name gives a kind from its name ("softcap", "alibi", ...).
  * Served on CPU pointers and on CUDA (the Hopper kernels at head dim 64/128/256, backward 64/128;
@@ -72,7 +74,8 @@ typedef enum jf_mask { JF_MASK_NONE = 0, JF_MASK_CAUSAL = 1, JF_MASK_WINDOW = 2 
 typedef enum jf_score_mod {
   JF_SCORE_MOD_NONE = 0,
   JF_SCORE_MOD_SOFTCAP = 1,
-  JF_SCORE_MOD_ALIBI = 2
+  JF_SCORE_MOD_ALIBI = 2,
+  JF_SCORE_MOD_RELATIVE_BIAS = 3
 } jf_score_mod;
 
 /* Block-sparse attention (FlexAttention's BlockMask over a jagged batch, src/core/block_mask.hpp):

@@ -137,6 +137,37 @@ struct Alibi {
   }
 };
 
+// A relative-position bias by bucket (T5, HSTU): score = s + table[h][r' + R] for query head h,
+// with the relative position r clipped to r' in [-R, R] and the table [H][2R + 1]
+// (problem.score_mod_table, problem.score_mod_table_width = 2R + 1): one learned bias per head and
+// clipped distance (Shaw et al.'s clipping). T5's logarithmic buckets are this table with each
+// distance's entry copied from its bucket's (max_distance = R); a one-sided (causal) bias leaves
+// the r > 0 half unused. dscore = 1. Past the sequence (padding rows and keys) r is clipped as
+// any other, so the table is never read out of bounds.
+struct RelativeBias {
+  static constexpr jf_score_mod kKind = JF_SCORE_MOD_RELATIVE_BIAS;
+  static constexpr const char* kName = "relative_bias";
+  static constexpr unsigned kFields = kTableField;
+  static constexpr bool kUnitDerivative = true;
+  static ScoreModCheck check(const jf_problem& p) {
+    if (p.score_mod_table_width % 2 != 1)
+      return {"problem.score_mod_table_width",
+              "an odd width 2R + 1 (relative positions -R..R) with JF_SCORE_MOD_RELATIVE_BIAS"};
+    return {};
+  }
+  template <class F, class C>
+  JF_HD static F score(const ScoreModValues& v, F s, const C& c) {
+    const auto reach = static_cast<decltype(c.relative())>(v.table_width / 2);
+    const auto r = c.relative();
+    const auto clipped = r < -reach ? -reach : (r > reach ? reach : r);
+    return s + static_cast<F>(v.table[static_cast<int64_t>(c.head) * v.table_width + (clipped + reach)]);
+  }
+  template <class F, class C>
+  JF_HD static F dscore(const ScoreModValues&, F, const C&) {
+    return F(1);
+  }
+};
+
 }  // namespace score_mods
 
 // Every modifier, in jf_score_mod's order. A new one: its struct above, its enum value in
@@ -193,7 +224,8 @@ struct ScoreModList {
       return dscore_from<F, C, Rest...>(kind, v, s, c);
   }
 };
-using ScoreModTypes = ScoreModList<score_mods::None, score_mods::Softcap, score_mods::Alibi>;
+using ScoreModTypes =
+    ScoreModList<score_mods::None, score_mods::Softcap, score_mods::Alibi, score_mods::RelativeBias>;
 
 // The modifier of a compile-time kind (the Hopper kernels' template argument).
 template <jf_score_mod kKind, class List = ScoreModTypes>
