@@ -4,14 +4,15 @@ batches (>= 2x), forward and backward, on the five distributions (and the sweep'
 our own, not tuned for: --dists).
 
     python bench/score_mod.py [--dists ...] [--head-dims 128 64] [--masks none causal]
-                              [--mods softcap alibi] [--softcap 30] [--out DIR]
+                              [--mods softcap alibi relative_bias] [--softcap 30] [--out DIR]
 
 Each case draws q, k, v, dout from N(0, 1) in bf16 (compare.py's draw) and times, in turns
 (compare.measure_interleaved: medians of CUDA-event samples, the three interleaved), jagflash
 without a modifier, jagflash with it, and FlexAttention (compiled, on the batch padded to one length
 with a document block mask, peers.FlexAttention) with the modifier as its score_mod: softcap
-`cap * tanh(score / cap)`, ALiBi `score - slope[h] * |q_idx - kv_idx|` (self-attention inside a
-document: the packed indices differ by i - j). Before timing, jagflash's output with the modifier is
+`cap * tanh(score / cap)`, ALiBi `score - slope[h] * |q_idx - kv_idx|`, the relative bias
+`score + table[h, clip(kv_idx - q_idx, -128, 128) + 128]` (self-attention inside a document: the
+packed indices differ by i - j). Before timing, jagflash's output with the modifier is
 checked against FlexAttention's (max |difference| / max |FlexAttention's|, printed); a case over
 5e-2 is reported as wrong and its ratios are left out. Writes score_mod.json and prints a table
 last.
@@ -33,7 +34,8 @@ import peers  # noqa: E402
 
 import jagflash  # noqa: E402
 
-MODS = ("softcap", "alibi")
+MODS = ("softcap", "alibi", "relative_bias")
+REACH = 128  # relative_bias: distances -128..128 (a [H, 257] table)
 WRONG = 5e-2
 
 
@@ -49,6 +51,12 @@ def modifier(mod, cap, heads, device):
         def softcap(score, b, h, q_idx, kv_idx):
             return cap * torch.tanh(score / cap)
         return {"softcap": cap}, softcap
+    if mod == "relative_bias":
+        table = torch.randn(heads, 2 * REACH + 1, generator=torch.Generator().manual_seed(7)).to(device)
+
+        def relative_bias(score, b, h, q_idx, kv_idx):
+            return score + table[h, (kv_idx - q_idx).clamp(-REACH, REACH) + REACH]
+        return {"score_mod": "relative_bias", "score_mod_table": table}, relative_bias
     slopes = alibi_slopes(heads, device)
 
     def alibi(score, b, h, q_idx, kv_idx):
