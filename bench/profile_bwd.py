@@ -5,6 +5,7 @@ and writes the reports' text next to them. Not a timing tool (compare.py is): nc
 
     python bench/profile_bwd.py --dist uniform1k --head-dim 128 [--causal] [--impls jagflash,fa3]
     python bench/profile_bwd.py --uniform 16384 --tokens 131072   # bench/sweep.py's batch at L = 16k
+    python bench/profile_bwd.py --softcap 30 --impls jagflash     # with a tanh softcap (its forward too)
 """
 import argparse
 import sys
@@ -33,6 +34,7 @@ def main():
     ap.add_argument("--uniform", type=int, default=0, metavar="L",
                     help="instead of --dist: --tokens / L sequences of L tokens (bench/sweep.py's batches)")
     ap.add_argument("--tokens", type=int, default=131072, help="with --uniform: tokens of the batch")
+    ap.add_argument("--softcap", type=float, default=0.0, help="jagflash with a tanh softcap (FA3's build has none)")
     ap.add_argument("--torch-profile", action="store_true",
                     help="print each kernel's CUDA time over --calls backward calls (torch.profiler), not for ncu")
     args = ap.parse_args()
@@ -64,7 +66,8 @@ def main():
                 return jagflash.pooled_attention(*leaves, offsets)
         elif impl == "jagflash":
             def fwd():
-                return jagflash.jagged_attention(*leaves, offsets, offsets, causal=args.causal)
+                return jagflash.jagged_attention(*leaves, offsets, offsets, causal=args.causal,
+                                                 **({"softcap": args.softcap} if args.softcap else {}))
         elif impl == "fa3":
             try:
                 import flash_attn_interface as fa3

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -105,7 +106,8 @@ TEST(GpuHeadDims, PaddedPast128Forward) {
 
 // A v head dim of its own (DeepSeek's 192 / 128 and others): the forward on the Hopper kernels
 // (V zero-filled past its head dim, O's columns there not stored), against the reference, every
-// mask, both dtypes; the backward refused naming v's head dim, nothing written.
+// mask, both dtypes; the backward at q head dim 192 (no Hopper backward past 128 yet) refused
+// naming v's head dim, nothing written.
 TEST(GpuHeadDims, NarrowerVForward) {
   uint64_t seed = 400;
   for (auto [d, dv] : {std::pair<int, int>{192, 128}, {128, 64}, {64, 32}, {96, 64}, {256, 128}, {80, 8}})
@@ -136,6 +138,36 @@ TEST(GpuHeadDims, NarrowerVForward) {
   EXPECT_TRUE(all_nan) << "dq was written by a refused backward";
 }
 
+// A v head dim of its own with q's up to 128: the backward on the Hopper kernels too (V and dO
+// zero-filled past Dv, delta over Dv, dV's columns past it never stored), against the reference,
+// both dtypes, every mask, both backward modes; the inputs' and outputs' row padding NaN.
+TEST(GpuHeadDims, NarrowerVBackward) {
+  uint64_t seed = 460;
+  for (auto [d, dv] : {std::pair<int, int>{128, 64}, {64, 32}, {96, 64}, {80, 8}, {128, 120}})
+    for (jf_dtype dt : {JF_BF16, JF_FP16})
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
+        BatchSpec s = awkward(d, dt, mask, ++seed);
+        s.v_head_dim = dv;
+        SCOPED_TRACE("Dv=" + std::to_string(dv));
+        run_and_check(s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  // MQA, the group split over 4 tiles (the benchmark knob forces it): fp32 dK/dV partials that the
+  // dK/dV postprocess sums, dv's columns bounded there too.
+  setenv("JAGFLASH_BWD_GROUP_SPLITS", "4", 1);
+  BatchSpec s;
+  s.len_q = {1500, 900};
+  s.len_kv = {1500, 1100};
+  s.heads = 8;
+  s.heads_kv = 1;
+  s.head_dim = 128;
+  s.v_head_dim = 64;
+  s.mask = JF_MASK_CAUSAL;
+  s.seed = 490;
+  run_and_check(s, /*with_backward=*/true);
+  unsetenv("JAGFLASH_BWD_GROUP_SPLITS");
+}
+
 // Longer sequences (the forward's mask-free bulk, several Q blocks a backward tile, MQA) in both
 // backward modes.
 TEST(GpuHeadDims, LongerSequencesBothModes) {
@@ -161,6 +193,12 @@ TEST(GpuHeadDims, SmallCaseForSanitizers) {
     s.len_kv = {2, 63, 5, 130};
     run_and_check(s, /*with_backward=*/d <= 128);
   }
+  // A v head dim of its own, both directions (V and dO zero-filled past it, dv's columns bounded).
+  BatchSpec s = awkward(128, JF_BF16, JF_MASK_CAUSAL, 520);
+  s.len_q = {1, 65, 0, 130};
+  s.len_kv = {2, 63, 5, 130};
+  s.v_head_dim = 64;
+  run_and_check(s, /*with_backward=*/true);
 }
 
 TEST(GpuHeadDims, DeterministicRepeatsAreBitwiseIdentical) {

@@ -1,7 +1,8 @@
 // Throughput of the softmax's instruction kinds on one SM (results per clock per SM), for
 // choosing how to compute exp2 in the forward's softmax: MUFU.EX2 on f32, on packed f16x2 and
-// bf16x2, FFMA, and the f32 -> bf16x2 conversion. Every warp runs independent chains (no
-// latency bound); the clock is the SM's (clock64), so power capping does not enter.
+// bf16x2, FFMA, and the f32 -> bf16x2 conversion; and softcap's: MUFU.TANH, MUFU.LG2 (the
+// backward's dscore from P) and MUFU.RCP (tanh as 1 - 2 / (1 + 2^(2 x log2 e))). Every warp runs independent
+// chains (no latency bound); the clock is the SM's (clock64), so power capping does not enter.
 //   build: part of the build with tests (build/tests/jagflash_sfu_throughput), or
 //          nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/sfu_throughput.cu -o sfu
 //   run:   on the GPU machine, one line per kind and block size
@@ -14,11 +15,12 @@
 constexpr int kIters = 4096;
 constexpr int kChains = 8;
 
-enum Kind { kEx2F32, kEx2F16x2, kEx2Bf16x2, kFfma, kCvtBf16x2, kKinds };
-const char* kNames[kKinds] = {"ex2.approx.ftz.f32", "ex2.approx.f16x2", "ex2.approx.ftz.bf16x2", "fma.rn.f32",
-                              "cvt.rn.bf16x2.f32"};
+enum Kind { kEx2F32, kEx2F16x2, kEx2Bf16x2, kFfma, kCvtBf16x2, kTanhF32, kLg2F32, kRcpF32, kKinds };
+const char* kNames[kKinds] = {"ex2.approx.ftz.f32", "ex2.approx.f16x2",  "ex2.approx.ftz.bf16x2",
+                              "fma.rn.f32",         "cvt.rn.bf16x2.f32", "tanh.approx.f32",
+                              "lg2.approx.ftz.f32", "rcp.approx.ftz.f32"};
 // Results per instruction and lane (a packed instruction yields two).
-const int kResults[kKinds] = {1, 2, 2, 1, 2};
+const int kResults[kKinds] = {1, 2, 2, 1, 2, 1, 1, 1};
 
 template <int K>
 __global__ void run(long long* clocks, float* sink) {
@@ -34,6 +36,12 @@ __global__ void run(long long* clocks, float* sink) {
       if constexpr (K == kEx2Bf16x2) asm volatile("ex2.approx.ftz.bf16x2 %0, %0;" : "+r"(v[c]));
       if constexpr (K == kFfma) asm volatile("fma.rn.f32 %0, %0, %0, %0;" : "+r"(v[c]));
       if constexpr (K == kCvtBf16x2) asm volatile("cvt.rn.bf16x2.f32 %0, %0, %0;" : "+r"(v[c]));
+      // softcap's tanh (forward and backward) and the backward's lg2 (its dscore from P)
+      if constexpr (K == kTanhF32) asm volatile("tanh.approx.f32 %0, %0;" : "+r"(v[c]));
+      if constexpr (K == kLg2F32) asm volatile("lg2.approx.ftz.f32 %0, %0;" : "+r"(v[c]));
+      // (an add after each: ptxas folds rcp(rcp(x)) into x)
+      if constexpr (K == kRcpF32)
+        asm volatile("rcp.approx.ftz.f32 %0, %0;\n\tadd.ftz.f32 %0, %0, 0f3F800000;" : "+r"(v[c]));
     }
   }
   __syncthreads();
@@ -63,9 +71,10 @@ int main() {
   }
   for (int threads : {128, 256, 1024}) {
     const double r[kKinds] = {
-        measure<kEx2F32>(clocks, sink, threads), measure<kEx2F16x2>(clocks, sink, threads),
+        measure<kEx2F32>(clocks, sink, threads),    measure<kEx2F16x2>(clocks, sink, threads),
         measure<kEx2Bf16x2>(clocks, sink, threads), measure<kFfma>(clocks, sink, threads),
-        measure<kCvtBf16x2>(clocks, sink, threads)};
+        measure<kCvtBf16x2>(clocks, sink, threads), measure<kTanhF32>(clocks, sink, threads),
+        measure<kLg2F32>(clocks, sink, threads),    measure<kRcpF32>(clocks, sink, threads)};
     for (int k = 0; k < kKinds; ++k)
       std::printf("%-24s %4d threads: %6.1f results/clock/SM\n", kNames[k], threads, r[k]);
   }

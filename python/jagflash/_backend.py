@@ -5,13 +5,14 @@ whose jagflash.backend asks query() about the caller's tensors; it imports neith
 
 The C library chooses per call and says what it chose (jagflash_query_backend in
 include/jagflash/jagflash.h; the calls run the same choice):
-  "hopper"     the fast kernels: compute capability 9.0 (H100, H200), bf16/fp16, head dim
-               64/128/256 (backward: 64/128);
+  "hopper"     the fast kernels: compute capability 9.0 (H100, H200), bf16/fp16, every head dim
+               that is a multiple of 8 up to 256 (backward: up to 128), v's up to q's (not
+               pooled, no score modifier or block mask off 64/128/256);
   "oracle"     the slow path: fp32 on CUDA cores, correct on every GPU of compute capability 8.0
-               or newer, one to two orders of magnitude slower (head dim 64/128/256);
+               or newer, one to two orders of magnitude slower (head dim 64/128/256, v's = q's);
   "reference"  CPU tensors: the C++ float64 reference (every head dim: any multiple of 8 up to
                256, v's up to q's).
-On CUDA no path serves another head dim, or a v head dim of its own, yet: UnsupportedError.
+What no path serves on CUDA (the backward past 128 off 256, say) is refused: UnsupportedError.
 The first CUDA call the oracle serves warns with SlowPathWarning (once per process).
 """
 import ctypes

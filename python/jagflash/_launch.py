@@ -81,14 +81,15 @@ def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, p
                 f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
                 f"kernels with bf16/fp16 and no score modifier, {'the backward up to head dim 128' if backward else 'forward up to 256'}; "
                 f"otherwise on CPU tensors only so far), got {d}", _capi.ERR_UNSUPPORTED)
-        # A narrower v: the Hopper forward's padded kernels (bf16/fp16, no modifier, no block mask).
-        narrow_v_served = not backward and not pooled and q.dtype in (torch.bfloat16, torch.float16) and \
-            not modified and not blocked
+        # A narrower v: the Hopper kernels' padded ones (bf16/fp16, no modifier, no block mask, not
+        # pooled; the backward up to q head dim 128).
+        narrow_v_served = not pooled and q.dtype in (torch.bfloat16, torch.float16) and not modified and \
+            not blocked and (not backward or d <= 128)
         if dv != d and not narrow_v_served:
             raise _errors.UnsupportedError(
                 f"v.shape[-1]: expected q's head dim ({d}) for this call on CUDA (a v head dim of its own, {dv} "
-                f"here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, not pooled; "
-                f"{'its backward' if backward else 'otherwise'} on CPU tensors only so far), got {dv}",
+                f"here, runs on the Hopper kernels with bf16/fp16, no score modifier, no block mask, not pooled, "
+                f"the backward up to q head dim 128; otherwise on CPU tensors only so far), got {dv}",
                 _capi.ERR_UNSUPPORTED)
     if k.shape[-1] != d:
         raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])

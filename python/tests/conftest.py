@@ -169,6 +169,24 @@ def make_batch(seed, *, q_lengths, kv_lengths=None, heads=4, kv_heads=None, head
     )
 
 
+# The score-modifier tests' CPU batch: q != kv lengths with 0- and 1-length sequences, GQA.
+MODIFIER_Q_LENGTHS = [7, 0, 1, 13, 5, 9]
+MODIFIER_KV_LENGTHS = [9, 4, 0, 13, 2, 17]
+# ... and their CUDA batch: sequences across a 64-row Q block and a 128-key KV block, an empty kv side.
+MODIFIER_CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
+MODIFIER_CUDA_KV_LENGTHS = [3, 5, 257, 64, 130, 0]
+
+
+def modifier_batch(seed, **kwargs):
+    """make_batch with the modifier tests' defaults (4 heads over 2 KV heads, D = 32, the lengths above)."""
+    kwargs.setdefault("q_lengths", MODIFIER_Q_LENGTHS)
+    kwargs.setdefault("kv_lengths", MODIFIER_KV_LENGTHS)
+    kwargs.setdefault("heads", 4)
+    kwargs.setdefault("kv_heads", 2)
+    kwargs.setdefault("head_dim", 32)
+    return make_batch(seed, **kwargs)
+
+
 def visible(len_q, len_kv, causal, window):
     """[Lq, Lk] bool: query i sees key j when i + s - left <= j <= i + s + right, s = Lk - Lq."""
     left, right = window
@@ -185,12 +203,14 @@ def visible(len_q, len_kv, causal, window):
     return allowed
 
 
-def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None, alibi_slopes=None):
+def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None, alibi_slopes=None, bias=None):
     """float64 out, lse, dq, dk, dv (on the CPU) from torch's SDPA per sequence.
 
     With a score modifier the scores are written out instead of SDPA: s = scale * q.k, then softcap
     (cap * tanh(s / cap)) or ALiBi (s - slope_h * |i + Lk - Lq - j|, FlashAttention-2's), masked and
-    softmaxed, all in float64 with torch's autograd for the gradients.
+    softmaxed, all in float64 with torch's autograd for the gradients. bias(len_q, len_kv) is any
+    other modifier that adds to the scaled scores: a float64 [H, Lq, Lk] term (a relative-position
+    bias, say), added after softcap and ALiBi.
 
     A row that sees no key must give out 0, lse -inf and zero gradients; SDPA gives NaN there. So
     such rows attend to every key inside SDPA (finite values and gradients) and their output is
@@ -214,7 +234,7 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None,
             lses.append(torch.full((heads, len_q), -math.inf, dtype=torch.float64))
             continue
         safe = allowed | ~sees_any.unsqueeze(1)
-        if softcap is None and alibi_slopes is None:
+        if softcap is None and alibi_slopes is None and bias is None:
             o = F.scaled_dot_product_attention(
                 qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=safe, scale=scale
             ).transpose(0, 1)
@@ -230,6 +250,8 @@ def reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None,
             j = torch.arange(len_kv).unsqueeze(0)
             distance = (i + len_kv - len_q - j).abs().double()
             s = s - alibi_slopes.detach().double().cpu().view(-1, 1, 1) * distance
+        if bias is not None:
+            s = s + bias(len_q, len_kv)
         p = torch.softmax(s.masked_fill(~safe, -math.inf), dim=-1)
         outs.append(torch.einsum("hqk,khd->qhd", p, vs) * sees_any.view(-1, 1, 1))
         lses.append(torch.logsumexp(s.detach().masked_fill(~allowed, -math.inf), dim=-1))
@@ -303,8 +325,10 @@ def assert_lse_close(actual, expected, tol, seed):
 
 
 def check_against_reference(batch, *, causal=False, window=(-1, -1), scale=None, softcap=None, alibi_slopes=None,
-                            **kwargs):
-    """Runs jagged_attention forward and backward on batch and compares all five results."""
+                            bias=None, **kwargs):
+    """Runs jagged_attention forward and backward on batch and compares all five results. kwargs
+    go to jagged_attention (score_mod=, score_mod_table= for a modifier the reference takes as
+    `bias`, see reference)."""
     q, k, v = batch.leaves()
     modifiers = {}
     if softcap is not None:
@@ -317,7 +341,7 @@ def check_against_reference(batch, *, causal=False, window=(-1, -1), scale=None,
     )
     out.backward(batch.dout)
     ref_out, ref_lse, ref_dq, ref_dk, ref_dv = reference(batch, causal=causal, window=window, scale=scale,
-                                                         softcap=softcap, alibi_slopes=alibi_slopes)
+                                                         softcap=softcap, alibi_slopes=alibi_slopes, bias=bias)
     tol_out, tol_grad = TOLERANCES[batch.q.dtype]
     assert out.dtype == batch.q.dtype and lse.dtype == torch.float32
     assert_close("out", out, ref_out, tol_out, batch.seed)

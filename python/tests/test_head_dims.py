@@ -192,12 +192,9 @@ def test_compiled_fullgraph_matches_eager():
 # without a score modifier, the forward up to 256 and the backward up to 128; what nothing serves
 # is refused before launch, naming the head dim (checked on fake CUDA tensors, no GPU needed).
 
-V_OF_ITS_OWN_BACKWARD = r"^v.shape\[-1\]: expected q's head dim \(128\) for this call on CUDA \(a v head dim of its " \
-                        r"own, 64 here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, " \
-                        r"not pooled; its backward on CPU tensors only so far\), got 64$"
-V_OF_ITS_OWN_FORWARD = r"^v.shape\[-1\]: expected q's head dim \(128\) for this call on CUDA \(a v head dim of its " \
-                       r"own, 64 here, runs on the Hopper forward with bf16/fp16, no score modifier, no block mask, " \
-                       r"not pooled; otherwise on CPU tensors only so far\), got 64$"
+V_OF_ITS_OWN = r"^v.shape\[-1\]: expected q's head dim \({d}\) for this call on CUDA \(a v head dim of its own, " \
+               r"{dv} here, runs on the Hopper kernels with bf16/fp16, no score modifier, no block mask, not pooled, " \
+               r"the backward up to q head dim 128; otherwise on CPU tensors only so far\), got {dv}$"
 BACKWARD_192 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 192 runs on the Hopper " \
                r"kernels with bf16/fp16 and no score modifier, the backward up to head dim 128; otherwise on CPU " \
                r"tensors only so far\), got 192$"
@@ -243,18 +240,26 @@ def _expect_refused(calls, message):
             call()
 
 
-def test_cuda_a_v_head_dim_of_its_own_runs_the_forward_only():
-    """Dv < D: the forward on the Hopper kernels (out [.., Dv]), not pooled, not with a modifier; the
-    backward refused, naming v's head dim."""
+def test_cuda_a_v_head_dim_of_its_own_runs_on_the_hopper_kernels():
+    """Dv < D: the forward and (q head dim up to 128) the backward on the Hopper kernels (out, dv
+    [.., Dv]), not pooled, not with a modifier; what they do not serve is refused, naming v's head dim."""
     with FakeTensorMode():
         q, k, v, off = _fake_cuda((128, 64))
         entries = _entries(q, k, v, off)
         out, lse = entries["forward"]["op fwd"]()
         assert out.shape == (12, 4, 64)
         assert entries["forward"]["jagged_attention"]().shape == (12, 4, 64)
-        _expect_refused({"pooled_fwd": entries["forward"]["pooled_fwd"]}, V_OF_ITS_OWN_FORWARD)
-        _expect_refused(_entries(q, k, v, off, softcap=5.0)["forward"], V_OF_ITS_OWN_FORWARD)
-        _expect_refused(entries["backward"], V_OF_ITS_OWN_BACKWARD)
+        dq, dk, dv = entries["backward"]["op bwd"]()
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        refused = V_OF_ITS_OWN.format(d=128, dv=64)
+        _expect_refused({"pooled_fwd": entries["forward"]["pooled_fwd"]}, refused)
+        _expect_refused(_entries(q, k, v, off, softcap=5.0)["forward"], refused)
+        # DeepSeek's 192 / 128: the forward runs (the kernel of 256, padded), the backward is refused
+        # for q's head dim (no Hopper backward past 128).
+        q, k, v, off = _fake_cuda((192, 128))
+        entries = _entries(q, k, v, off)
+        assert entries["forward"]["op fwd"]()[0].shape == (12, 4, 128)
+        _expect_refused(entries["backward"], BACKWARD_192)
 
 
 def test_cuda_refuses_the_backward_past_128_off_the_kernel_head_dims():
@@ -331,6 +336,20 @@ def test_cuda_narrower_v_forward_matches_the_reference(dims, causal):
     ref_out, ref_lse = reference(batch, causal=causal)[:2]
     assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
     assert_lse_close(lse, ref_lse, LSE_TOLERANCE[batch.q.dtype], batch.seed)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dims", [(128, 64), (96, 64), (64, 32), (80, 8)], ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cuda_narrower_v_backward_matches_the_reference(dims, mask, deterministic):
+    """Dv < D with q's head dim up to 128: both directions on the Hopper kernels (V and dO
+    zero-filled past Dv), dv [.., Dv], against the float64 reference."""
+    causal, window = MASKS[mask]
+    batch = make_batch(3170 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
+                       kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
+    check_against_reference(batch, causal=causal, window=window, deterministic=deterministic)
 
 
 @needs_cuda

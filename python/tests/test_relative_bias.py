@@ -1,21 +1,21 @@
 """The relative-position bias by bucket (score_mod="relative_bias", src/core/score_mod.hpp's
-RelativeBias): score = scale * q.k + table[h, clip(j - i - (Lk - Lq), -R, R) + R], against a
-float64 reference written out here, on CPU tensors (the C++ reference) and CUDA tensors (the
-Hopper kernels, the GPU oracle where they do not serve); the custom ops' fake kernels, opcheck,
-torch.compile, and the refusals."""
+RelativeBias): score = scale * q.k + table[h, clip(j - i - (Lk - Lq), -R, R) + R], against
+conftest's float64 reference with the bias written out here, on CPU tensors (the C++ reference)
+and CUDA tensors (the Hopper kernels, the GPU oracle where they do not serve); the custom ops'
+fake kernels, opcheck, torch.compile, and the refusals."""
 import math
 
 import pytest
 import torch
 
 import jagflash
-from conftest import (MASKS, TOLERANCES, LSE_TOLERANCE, needs_cuda, assert_close, assert_lse_close, assert_same,
-                      assert_compiled_matches_eager, make_batch, offsets_of, opcheck_fwd_bwd, visible)
+from conftest import (MASKS, needs_cuda, assert_same, assert_compiled_matches_eager, check_against_reference,
+                      modifier_batch, offsets_of, opcheck_fwd_bwd, MODIFIER_CUDA_Q_LENGTHS,
+                      MODIFIER_CUDA_KV_LENGTHS)
 
-Q_LENGTHS = [7, 0, 1, 13, 5, 9]
-KV_LENGTHS = [9, 4, 0, 13, 2, 17]
-CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
-CUDA_KV_LENGTHS = [3, 5, 257, 64, 130, 0]
+CUDA_Q_LENGTHS = MODIFIER_CUDA_Q_LENGTHS
+CUDA_KV_LENGTHS = MODIFIER_CUDA_KV_LENGTHS
+_batch = modifier_batch
 
 
 def _table(heads, reach, seed, device="cpu"):
@@ -24,55 +24,21 @@ def _table(heads, reach, seed, device="cpu"):
     return (2.0 * torch.randn(heads, 2 * reach + 1, generator=g)).to(device)
 
 
-def _reference(batch, table, causal=False, window=(-1, -1), scale=None):
-    """float64 out, lse, dq, dk, dv with the bias written out per sequence (a row that sees no key:
-    out 0, lse -inf, no gradient)."""
-    q, k, v = (t.detach().double().cpu().requires_grad_() for t in (batch.q, batch.k, batch.v))
+def _bias(table):
+    """The modifier written out for conftest.reference: table[h, clip(j - i - (Lk - Lq), -R, R) + R]."""
     table = table.detach().double().cpu()
     reach = (table.shape[1] - 1) // 2
-    q_off, kv_off = batch.q_offsets.tolist(), batch.kv_offsets.tolist()
-    heads, group = q.shape[1], q.shape[1] // k.shape[1]
-    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else scale
-    outs, lses = [], []
-    for b in range(len(q_off) - 1):
-        qs = q[q_off[b]:q_off[b + 1]]
-        ks = k[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
-        vs = v[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
-        len_q, len_kv = qs.shape[0], ks.shape[0]
-        allowed = visible(len_q, len_kv, causal, window)
-        sees_any = allowed.any(dim=1)
+
+    def bias(len_q, len_kv):
         relative = torch.arange(len_kv).view(1, -1) - torch.arange(len_q).view(-1, 1) - (len_kv - len_q)
-        bias = table[:, relative.clamp(-reach, reach) + reach]  # [H, Lq, Lk]
-        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale + bias
-        p = torch.softmax(s.masked_fill(~(allowed | ~sees_any.unsqueeze(1)), -math.inf), dim=-1)
-        outs.append(torch.einsum("hqk,khd->qhd", p, vs) * sees_any.view(-1, 1, 1))
-        lses.append(torch.logsumexp(s.detach().masked_fill(~allowed, -math.inf), dim=-1))
-    out, lse = torch.cat(outs), torch.cat(lses, dim=1)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), batch.dout.double().cpu(), allow_unused=True)
-    return out.detach(), lse, *(torch.zeros_like(t) if g is None else g for g, t in zip((dq, dk, dv), (q, k, v)))
+        return table[:, relative.clamp(-reach, reach) + reach]  # [H, Lq, Lk]
+
+    return bias
 
 
 def _check(batch, table, causal=False, window=(-1, -1), scale=None, **kwargs):
-    q, k, v = batch.leaves()
-    out, lse = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, causal=causal, window=window,
-                                         scale=scale, return_lse=True, score_mod="relative_bias",
-                                         score_mod_table=table, **kwargs)
-    out.backward(batch.dout)
-    ref = _reference(batch, table, causal, window, scale)
-    tol_out, tol_grad = TOLERANCES[batch.q.dtype]
-    assert_close("out", out, ref[0], tol_out, batch.seed)
-    assert_lse_close(lse, ref[1], LSE_TOLERANCE[batch.q.dtype], batch.seed)
-    for name, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref[2:]):
-        assert_close(name, got, want, tol_grad, batch.seed)
-
-
-def _batch(seed, **kwargs):
-    kwargs.setdefault("q_lengths", Q_LENGTHS)
-    kwargs.setdefault("kv_lengths", KV_LENGTHS)
-    kwargs.setdefault("heads", 4)
-    kwargs.setdefault("kv_heads", 2)
-    kwargs.setdefault("head_dim", 32)
-    return make_batch(seed, **kwargs)
+    check_against_reference(batch, causal=causal, window=window, scale=scale, bias=_bias(table),
+                            score_mod="relative_bias", score_mod_table=table, **kwargs)
 
 
 @pytest.mark.parametrize("reach", [0, 3, 40])

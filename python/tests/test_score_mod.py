@@ -12,21 +12,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from conftest import (MASKS, needs_cuda, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
-                      make_batch, offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
-                      assert_compiled_matches_eager)
+                      offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
+                      assert_compiled_matches_eager, modifier_batch, MODIFIER_Q_LENGTHS,
+                      MODIFIER_CUDA_Q_LENGTHS, MODIFIER_CUDA_KV_LENGTHS)
 
-Q_LENGTHS = [7, 0, 1, 13, 5, 9]
-KV_LENGTHS = [9, 4, 0, 13, 2, 17]
+Q_LENGTHS = MODIFIER_Q_LENGTHS
 CAPS = [0.5, 2.0, 30.0]
-
-
-def _batch(seed, **kwargs):
-    kwargs.setdefault("q_lengths", Q_LENGTHS)
-    kwargs.setdefault("kv_lengths", KV_LENGTHS)
-    kwargs.setdefault("heads", 4)
-    kwargs.setdefault("kv_heads", 2)
-    kwargs.setdefault("head_dim", 32)
-    return make_batch(seed, **kwargs)
+_batch = modifier_batch
 
 
 def _slopes(heads):
@@ -301,8 +293,8 @@ def test_fake_cuda_tensors_trace_with_the_modifiers(name):
                                    torch.empty(4, device="cpu"))
 
 
-CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
-CUDA_KV_LENGTHS = [3, 5, 257, 64, 130, 0]
+CUDA_Q_LENGTHS = MODIFIER_CUDA_Q_LENGTHS
+CUDA_KV_LENGTHS = MODIFIER_CUDA_KV_LENGTHS
 
 
 def _cuda_batch(seed, head_dim, dtype=torch.bfloat16, scale_inputs=1.0):

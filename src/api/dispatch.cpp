@@ -53,14 +53,15 @@ void require_oracle_image() {
 // score modifier, on a compute capability 9.0 GPU, forward up to 256, backward up to 128).
 void require_served_head_dim(const jf_problem& p, bool backward) {
   const int32_t d = p.q.head_dim, dv = p.v.head_dim;
-  // The oracle and the Hopper backward take one head dim for q, k and v; the Hopper forward (its
-  // padded kernels) takes a narrower v, and the CPU reference any.
+  // The oracle takes one head dim for q, k and v; the Hopper kernels (their padded ones) take a
+  // narrower v, and the CPU reference any.
   if (dv != d) {
     std::ostringstream e;
     e << "q's head dim (" << d << ") for this call on CUDA (a v head dim of its own, " << dv
-      << " here, runs on the Hopper forward on a compute capability 9.0 GPU with bf16/fp16, no score "
-         "modifier, no block mask, not pooled; "
-      << (backward ? "its backward" : "otherwise") << " on CPU tensors only so far)";
+      << " here, runs on the Hopper kernels on a compute capability 9.0 GPU with bf16/fp16, no score "
+         "modifier, no block mask, not pooled, "
+      << (backward ? "the backward up to q head dim 128" : "the forward up to 256")
+      << "; otherwise on CPU tensors only so far)";
     fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
   }
   if (d == 64 || d == 128 || d == 256) return;
@@ -162,10 +163,11 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
       p, l,
-      // A v head dim of its own: no Hopper backward yet (the oracle refuses it too).
-      p.v.head_dim != p.q.head_dim
+      // A narrower v: the padded kernels, not pooled (as the forward).
+      p.v.head_dim != p.q.head_dim && is_pooled(p)
           ? nullptr
-          : kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr),
+          : kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr,
+                                          p.v.head_dim),
       "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 128 for the backward (64 or "
       "128 with a score modifier or a block mask; as instantiated in this build; head dim 256 is served by "
       "the oracle)");

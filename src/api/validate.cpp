@@ -11,6 +11,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -110,26 +111,46 @@ std::string score_mod_readers(unsigned field) {
   return readers;
 }
 
+// jf_problem's modifier fields, each with its ScoreModField bit, its unset value and the value
+// given as a message writes it: the unset rule and the kinds' own checks read this one list.
+struct ScoreModFieldValue {
+  unsigned field;
+  const char* argument;
+  const char* unset;
+  bool is_set;
+  std::string given;
+};
+std::array<ScoreModFieldValue, 4> score_mod_field_values(const jf_problem& p) {
+  auto text = [](const auto& value) {
+    std::ostringstream t;
+    t << value;
+    return t.str();
+  };
+  auto pointer = [&](const void* q) { return q == nullptr ? std::string("NULL") : text(q); };
+  return {{
+      {kSoftcapField, "problem.softcap", "0", p.softcap != 0.0f, text(p.softcap)},  // -0 is 0; NaN is not
+      {kAlibiSlopesField, "problem.alibi_slopes", "NULL", p.alibi_slopes != nullptr, pointer(p.alibi_slopes)},
+      {kTableField, "problem.score_mod_table", "NULL", p.score_mod_table != nullptr,
+       pointer(p.score_mod_table)},
+      {kTableField, "problem.score_mod_table_width", "0", p.score_mod_table_width != 0,
+       text(p.score_mod_table_width)},
+  }};
+}
+
 // The score modifier's fields (core/score_mod.hpp): the kind's own as its check requires, every
 // other one unset (0, NULL), so a value given by mistake is never silently ignored. The kind has
 // been checked to be one of ScoreModTypes.
 void check_score_mod(const jf_problem& p, bool ask_location) {
+  const std::array<ScoreModFieldValue, 4> fields = score_mod_field_values(p);
   ScoreModTypes::visit(p.score_mod, [&](auto mod) {
     using Mod = decltype(mod);
     const std::string kind = score_mod_enum_name(Mod::kName);
-    auto unset = [&](unsigned field, const char* argument, const char* zero, const auto& given) {
-      if ((Mod::kFields & field) != 0) return;
-      fail_argument(argument,
-                    std::string(zero) + " with " + kind + " (it is " + score_mod_readers(field) + "'s)",
-                    given);
-    };
-    // -0 is 0; NaN is not.
-    if (p.softcap != 0.0f) unset(kSoftcapField, "problem.softcap", "0", p.softcap);
-    if (p.alibi_slopes != nullptr) unset(kAlibiSlopesField, "problem.alibi_slopes", "NULL", p.alibi_slopes);
-    if (p.score_mod_table != nullptr)
-      unset(kTableField, "problem.score_mod_table", "NULL", p.score_mod_table);
-    if (p.score_mod_table_width != 0)
-      unset(kTableField, "problem.score_mod_table_width", "0", p.score_mod_table_width);
+    for (const ScoreModFieldValue& f : fields)
+      if (f.is_set && (Mod::kFields & f.field) == 0)
+        fail_argument(
+            f.argument,
+            std::string(f.unset) + " with " + kind + " (it is " + score_mod_readers(f.field) + "'s)",
+            f.given);
     if ((Mod::kFields & kTableField) != 0) {
       if (p.score_mod_table == nullptr)
         fail_argument("problem.score_mod_table",
@@ -139,19 +160,9 @@ void check_score_mod(const jf_problem& p, bool ask_location) {
     }
     const ScoreModCheck c = Mod::check(p);
     if (c.argument != nullptr) {
-      const std::string arg = c.argument;
-      if (arg == "problem.softcap") fail_argument(arg, c.expected, p.softcap);
-      auto pointer_text = [](const void* q) {
-        std::ostringstream t;
-        if (q == nullptr)
-          t << "NULL";
-        else
-          t << q;
-        return t.str();
-      };
-      if (arg == "problem.alibi_slopes") fail_argument(arg, c.expected, pointer_text(p.alibi_slopes));
-      if (arg == "problem.score_mod_table") fail_argument(arg, c.expected, pointer_text(p.score_mod_table));
-      fail_argument(arg, c.expected, p.score_mod_table_width);
+      for (const ScoreModFieldValue& f : fields)
+        if (std::strcmp(f.argument, c.argument) == 0) fail_argument(f.argument, c.expected, f.given);
+      fail_argument(c.argument, c.expected, "a value outside jf_problem's modifier fields");
     }
     if ((Mod::kFields & kAlibiSlopesField) != 0) {
       check_aligned("problem.alibi_slopes", p.alibi_slopes, alignof(float), "float32");

@@ -41,10 +41,12 @@ struct HopperBackwardEntry {
   HopperBackwardFn run;
 };
 
-// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not): the kernel of the
-// next head dim up (kernel_head_dim), padded when below it; nullptr when this build has none.
+// The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v's head dim,
+// 0 = q's): the kernel of the next head dim up (kernel_head_dim), padded when below it or when v's
+// head dim is narrower (V and dO zero-filled past it, dV's columns there not stored); nullptr when
+// this build has none.
 const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
-                                                bool block_sparse = false);
+                                                bool block_sparse = false, int v_head_dim = 0);
 
 // The backward's tile shape (the plan is built over KV blocks of kBackwardBlockN keys; each
 // visits Q blocks of kBackwardBlockM rows).

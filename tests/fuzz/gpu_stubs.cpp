@@ -38,7 +38,7 @@ namespace jagflash::kernels {
 const HopperForwardEntry* find_hopper_forward(jf_dtype, int, jf_score_mod, bool, int) {
   gpu_path_reached("find_hopper_forward");
 }
-const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod, bool) {
+const HopperBackwardEntry* find_hopper_backward(jf_dtype, int, jf_score_mod, bool, int) {
   gpu_path_reached("find_hopper_backward");
 }
 bool hopper_device_present() { gpu_path_reached("hopper_device_present"); }

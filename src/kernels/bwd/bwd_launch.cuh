@@ -103,6 +103,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   // 1/sqrt of the caller's head dim (kHeadDim's but with kPadded).
   const float scale = pb.scale != 0.f ? pb.scale : 1.f / std::sqrt(static_cast<float>(pb.q.head_dim));
   const int32_t head_dim_chunks = pb.q.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
+  // v, out, dout and dv: v's head dim, at most q's (kPadded when below the kernel's).
+  const int32_t v_head_dim_chunks = pb.v.head_dim * static_cast<int32_t>(sizeof(Element)) / 16;
 
   // Pooled attention summed inside the CTAs (Params::pooled_dq_sum): one Q block a sequence, one
   // query head a tile, and the deterministic mode's fixed order not asked for.
@@ -144,7 +146,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     pp.q_stride = launch.q_stride;
     pp.num_heads = heads;
     pp.error_flag = launch.error_flag;
-    pp.head_dim_chunks = head_dim_chunks;
+    pp.head_dim_chunks = v_head_dim_chunks;  // delta = rowsum(dO O) over v's head dim
     using Shape = PreprocessShape<kHeadDim>;
     preprocess_kernel<Element, kHeadDim, kPadded>
         <<<Shape::grid(launch.q_stride, heads), Shape::kThreads, 0, stream>>>(pp);
@@ -219,6 +221,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     p.kv_offsets = pb.kv_offsets;
     p.mask = mask;
     p.head_dim_chunks = head_dim_chunks;
+    p.v_head_dim_chunks = v_head_dim_chunks;
     p.scale = scale;
     p.scale_log2 = scale * 1.4426950408889634f;
     if constexpr (kMod != JF_SCORE_MOD_NONE) {
@@ -272,6 +275,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
       dp.dv_head_stride = a.dv.head_stride;
       dp.error_flag = launch.error_flag;
       dp.head_dim_chunks = head_dim_chunks;
+      dp.v_head_dim_chunks = v_head_dim_chunks;
       using Shape = PreprocessShape<kHeadDim>;
       dkv_postprocess_kernel<Element, kHeadDim, kPadded>
           <<<Shape::grid(pb.k.rows, pb.k.heads), Shape::kThreads, 0, stream>>>(dp);

@@ -50,11 +50,12 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 // 32-byte sectors), rows past the sequence's end skipped. Stored straight from the accumulators
 // (a warp's store: 8 rows of 16 bytes, half sectors) the epilogue doubled the L2 write requests
 // and bound a tile that sees one Q block (pooled attention, short sequences): ncu, 2026-12-01.
-// Every consumer thread calls it once a tile (the barriers count them all).
+// Every consumer thread calls it once a tile (the barriers count them all). chunks: the
+// tensor's head dim in 16-byte chunks (read with kPaddedHeadDim only: q's for dk, v's for dv).
 template <class Traits, class TensorAcc>
-__device__ __forceinline__ void stage_and_store(const Params<Traits>& p, const TileInfo& t, TensorAcc& acc_rc,
-                                                float factor, typename Traits::Element* out,
-                                                int64_t row_stride, int64_t head_stride, uint32_t ds_base,
+__device__ __forceinline__ void stage_and_store(const TileInfo& t, TensorAcc& acc_rc, float factor,
+                                                typename Traits::Element* out, int64_t row_stride,
+                                                int64_t head_stride, int32_t chunks, uint32_t ds_base,
                                                 int thread) {
   using Element = typename Traits::Element;
   using Staging = DkvStaging<Traits::kHeadDim, int(sizeof(Element))>;
@@ -80,7 +81,7 @@ __device__ __forceinline__ void stage_and_store(const Params<Traits>& p, const T
     const int key = idx / Staging::kChunks, chunk = idx % Staging::kChunks;
     const uint4 v = ld_shared_v4(ds_base + Staging::offset(wg, key, chunk));
     // With a padded head dim the chunks past the caller's are zero columns, never stored.
-    if (key_lo + key < t.len_kv && (!Traits::kPaddedHeadDim || chunk < p.head_dim_chunks)) {
+    if (key_lo + key < t.len_kv && (!Traits::kPaddedHeadDim || chunk < chunks)) {
       const int64_t row = int64_t(t.kv_start) + key_lo + key;
       *reinterpret_cast<uint4*>(out + row * row_stride + int64_t(t.kv_head) * head_stride +
                                 chunk * (16 / int(sizeof(Element)))) = v;
@@ -118,8 +119,10 @@ __device__ __forceinline__ void store_dkdv(const Params<Traits>& p, const TileIn
   // Both warpgroups' last dQ GEMM (which reads every key's dS) is done before either overwrites
   // its keys' dS bytes.
   cutlass::arch::NamedBarrier::sync(256, 2);
-  stage_and_store<Traits>(p, t, dk_rc, p.scale, p.dk, p.dk_row_stride, p.dk_head_stride, ds_base, thread);
-  stage_and_store<Traits>(p, t, dv_rc, 1.f, p.dv, p.dv_row_stride, p.dv_head_stride, ds_base, thread);
+  stage_and_store<Traits>(t, dk_rc, p.scale, p.dk, p.dk_row_stride, p.dk_head_stride, p.head_dim_chunks,
+                          ds_base, thread);
+  stage_and_store<Traits>(t, dv_rc, 1.f, p.dv, p.dv_row_stride, p.dv_head_stride, p.v_head_dim_chunks,
+                          ds_base, thread);
 }
 
 }  // namespace jagflash::kernels::bwd

@@ -242,6 +242,9 @@ struct Params {
   int32_t head_dim_chunks;
   // kBlockSparse: the map (jf_block_mask); read only by a kernel built with it.
   BlockMask block_mask;
+  // kPaddedHeadDim: v's head dim in 16-byte chunks (the columns dv takes; below q's with a v head
+  // dim of its own, whose missing columns of V and dO arrive as zeros).
+  int32_t v_head_dim_chunks;
 };
 
 }  // namespace jagflash::kernels::bwd

@@ -27,7 +27,8 @@ struct PreprocessParams {
   int64_t total_q, q_stride;
   int32_t num_heads;
   const int32_t* error_flag;
-  int32_t head_dim_chunks;  // kPadded: the caller's head dim in 16-byte chunks (the rest reads as 0)
+  // kPadded: out's and dout's head dim (v's) in 16-byte chunks (the rest reads as 0)
+  int32_t head_dim_chunks;
 };
 
 // kRowsPerCta rows of one head a CTA, kLanesPerRow lanes a row, each lane one 16-byte
@@ -155,7 +156,8 @@ struct DkvPostprocessParams {
   void* dv;
   int64_t dk_row_stride, dk_head_stride, dv_row_stride, dv_head_stride;
   const int32_t* error_flag;
-  int32_t head_dim_chunks;  // kPadded: the caller's head dim in 16-byte chunks
+  int32_t head_dim_chunks;    // kPadded: the caller's head dim in 16-byte chunks (dk's)
+  int32_t v_head_dim_chunks;  // kPadded: v's (dv's), below q's with a v head dim of its own
 };
 
 // Every row of every sequence has its partials written (every KV block of a sequence is a tile
@@ -176,6 +178,7 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk) + row * p.dk_row_stride + h * p.dk_head_stride +
                               chunk * 8) =
         sum8_strided<Element>(p.dk_partial + at, p.splits, split_stride, 1.f);
+    if (kPadded && chunk >= p.v_head_dim_chunks) continue;
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dv) + row * p.dv_row_stride + h * p.dv_head_stride +
                               chunk * 8) =
         sum8_strided<Element>(p.dv_partial + at, p.splits, split_stride, 1.f);
