@@ -3,7 +3,8 @@
 # .fa3/) on one batch (bench/profile_bwd.py), one launch each after warm-up; the reports and their
 # text (details, and the SASS lines with the most stall samples) go to $OUT.
 #   usage: scripts/gpu-profile.sh [build-dir]   PROFILE_ARGS="--dist uniform1k --head-dim 128"
-#   NCU_SET=full (default) or e.g. "detailed"
+#   NCU_SET=full (default) or e.g. "detailed"; DIRECTION=fwd profiles the forward kernels instead
+#   (profile_bwd.py runs both directions)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -12,13 +13,15 @@ mkdir -p "$out"
 export JAGFLASH_LIBRARY="$build/libjagflash.so"
 [ -d "$root/.fa3" ] && export PYTHONPATH="$root/.fa3:${PYTHONPATH:-}"
 args="${PROFILE_ARGS:---dist uniform1k --head-dim 128}"
-tag="$(echo "$args" | tr -c 'a-zA-Z0-9' '_' | sed 's/__*/_/g; s/^_//; s/_$//')"
+tag="${DIRECTION:-bwd}_$(echo "$args" | tr -c 'a-zA-Z0-9' '_' | sed 's/__*/_/g; s/^_//; s/_$//')"
 # jagflash's main backward kernel, then FA3's (its backward kernel is a cutlass device_kernel
 # around FlashAttnBwdSm90): launch 2 of each (the first call warms up).
 for impl in jagflash fa3; do
-  case $impl in
-    jagflash) filter='regex:backward_kernel' ;;
-    fa3) filter='regex:FlashAttnBwdSm90' ;;
+  case "$impl-${DIRECTION:-bwd}" in
+    jagflash-bwd) filter='regex:backward_kernel' ;;
+    fa3-bwd) filter='regex:FlashAttnBwdSm90' ;;
+    jagflash-fwd) filter='regex:forward_kernel' ;;
+    fa3-fwd) filter='regex:FlashAttnFwdSm90' ;;
   esac
   # shellcheck disable=SC2086
   timeout 240 ncu --set "${NCU_SET:-full}" --import-source yes --kernel-name-base demangled \

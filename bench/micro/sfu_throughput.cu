@@ -15,12 +15,25 @@
 constexpr int kIters = 4096;
 constexpr int kChains = 8;
 
-enum Kind { kEx2F32, kEx2F16x2, kEx2Bf16x2, kFfma, kCvtBf16x2, kTanhF32, kLg2F32, kRcpF32, kKinds };
-const char* kNames[kKinds] = {"ex2.approx.ftz.f32", "ex2.approx.f16x2",  "ex2.approx.ftz.bf16x2",
-                              "fma.rn.f32",         "cvt.rn.bf16x2.f32", "tanh.approx.f32",
-                              "lg2.approx.ftz.f32", "rcp.approx.ftz.f32"};
+enum Kind {
+  kEx2F32,
+  kEx2F16x2,
+  kEx2Bf16x2,
+  kFfma,
+  kCvtBf16x2,
+  kTanhF32,
+  kLg2F32,
+  kRcpF32,
+  kSoftcapTanh,
+  kSoftcapRcp,
+  kKinds
+};
+const char* kNames[kKinds] = {
+    "ex2.approx.ftz.f32", "ex2.approx.f16x2",      "ex2.approx.ftz.bf16x2", "fma.rn.f32",
+    "cvt.rn.bf16x2.f32",  "tanh.approx.f32",       "lg2.approx.ftz.f32",    "rcp.approx.ftz.f32",
+    "softcap: tanh, ex2", "softcap: ex2, rcp, ex2"};
 // Results per instruction and lane (a packed instruction yields two).
-const int kResults[kKinds] = {1, 2, 2, 1, 2, 1, 1, 1};
+const int kResults[kKinds] = {1, 2, 2, 1, 2, 1, 1, 1, 1, 1};
 
 template <int K>
 __global__ void run(long long* clocks, float* sink) {
@@ -42,6 +55,20 @@ __global__ void run(long long* clocks, float* sink) {
       // (an add after each: ptxas folds rcp(rcp(x)) into x)
       if constexpr (K == kRcpF32)
         asm volatile("rcp.approx.ftz.f32 %0, %0;\n\tadd.ftz.f32 %0, %0, 0f3F800000;" : "+r"(v[c]));
+      // One softcapped probability a result, p = 2^(k t - m) with t = tanh(x): by MUFU.TANH, or
+      // as t = 1 - 2 / (1 + 2^(2 x log2 e)) (two MUFU.EX2 and a MUFU.RCP, exact to fp32 rounding).
+      if constexpr (K == kSoftcapTanh)
+        asm volatile(
+            "tanh.approx.f32 %0, %0;\n\tfma.rn.ftz.f32 %0, %0, 0f3F000000, 0fBF000000;\n\t"
+            "ex2.approx.ftz.f32 %0, %0;"
+            : "+r"(v[c]));
+      if constexpr (K == kSoftcapRcp)
+        asm volatile(
+            "{.reg .f32 e;\n\tmul.ftz.f32 e, %0, 0f3F38AA3B;\n\tex2.approx.ftz.f32 e, e;\n\t"
+            "add.ftz.f32 e, e, 0f3F800000;\n\trcp.approx.ftz.f32 e, e;\n\t"
+            "fma.rn.ftz.f32 e, e, 0fC0000000, 0f3F800000;\n\tfma.rn.ftz.f32 e, e, 0f3F000000, 0fBF000000;\n\t"
+            "ex2.approx.ftz.f32 %0, e;}"
+            : "+r"(v[c]));
     }
   }
   __syncthreads();
@@ -71,10 +98,11 @@ int main() {
   }
   for (int threads : {128, 256, 1024}) {
     const double r[kKinds] = {
-        measure<kEx2F32>(clocks, sink, threads),    measure<kEx2F16x2>(clocks, sink, threads),
-        measure<kEx2Bf16x2>(clocks, sink, threads), measure<kFfma>(clocks, sink, threads),
-        measure<kCvtBf16x2>(clocks, sink, threads), measure<kTanhF32>(clocks, sink, threads),
-        measure<kLg2F32>(clocks, sink, threads),    measure<kRcpF32>(clocks, sink, threads)};
+        measure<kEx2F32>(clocks, sink, threads),      measure<kEx2F16x2>(clocks, sink, threads),
+        measure<kEx2Bf16x2>(clocks, sink, threads),   measure<kFfma>(clocks, sink, threads),
+        measure<kCvtBf16x2>(clocks, sink, threads),   measure<kTanhF32>(clocks, sink, threads),
+        measure<kLg2F32>(clocks, sink, threads),      measure<kRcpF32>(clocks, sink, threads),
+        measure<kSoftcapTanh>(clocks, sink, threads), measure<kSoftcapRcp>(clocks, sink, threads)};
     for (int k = 0; k < kKinds; ++k)
       std::printf("%-24s %4d threads: %6.1f results/clock/SM\n", kNames[k], threads, r[k]);
   }

@@ -189,8 +189,17 @@ struct Consumer {
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread, int pair) {
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(thread);
-    auto thr_pv = mma_pv.get_thread_slice(thread);
+    // The GEMMs' shared-memory operands are partitioned by warpgroup only (a wgmma's descriptor is
+    // one for its 128 threads): sliced at the warpgroup's first thread, read through a shuffle the
+    // compiler knows to be warp-uniform, each k-block's descriptor is built in uniform registers.
+    // Sliced at `thread`, the S GEMM's were built in per-thread registers and moved over (R2UR,
+    // IMAD a k-block; ncu, H100, L = 16k causal: 150 M R2UR and 100 M IMAD more than FA3's forward).
+    // Not with a generic modifier (the relative bias): there the uniform registers it takes left
+    // its per-score table reads short and the consumers spilled (2 LDL/STL, check_sass).
+    const int slice_thread =
+        Traits::ScoreMod::kGeneric ? thread : __shfl_sync(0xffffffffu, thread / 128, 0) * 128;
+    auto thr_qk = mma_qk.get_thread_slice(slice_thread);
+    auto thr_pv = mma_pv.get_thread_slice(slice_thread);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQBuffers{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
