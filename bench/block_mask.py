@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import peers  # noqa: E402
+from compare import fmt  # noqa: E402
 
 import jagflash  # noqa: E402
 from jagflash import BlockMask  # noqa: E402
@@ -260,7 +261,7 @@ def run_case(x, block_mask, args, device, capacity=None):
         except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
             notes["flex"] = f"{type(e).__name__}: {e}"
     row = {"density": block_mask.density()}
-    row.update(compare.time_beside_flex(impls, ("dense", "sparse", "flex"), "sparse", args, device, notes))
+    row.update(compare.time_beside_reference(impls, ("dense", "sparse", "flex"), "sparse", args, device, notes))
     error = row["error_vs_flex"]
     wrong = error is not None and error > WRONG
     for d in ("fwd", "bwd"):
@@ -269,10 +270,6 @@ def run_case(x, block_mask, args, device, capacity=None):
         row[f"{d}_vs_flex"] = None if wrong else ratio(row[f"flex_{d}_ms"], row[f"sparse_{d}_ms"])
     row["notes"] = notes
     return row
-
-
-def fmt(v, spec="{:.2f}"):
-    return "-" if v is None else spec.format(v)
 
 
 def bar(value, limit, below):
@@ -284,20 +281,14 @@ def bar(value, limit, below):
 
 
 def table(rows):
-    lines = ["| dist | D | pattern | mask | density | fwd ms dense / sparse / flex | bwd ms dense / sparse / flex | "
-             f"fwd sparse/dense | bwd sparse/dense | fwd vs flex | bwd vs flex | err vs flex |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['dist']} | {r['head_dim']} | {r['pattern']} | {r['mask']} | {fmt(r['density'])} | "
-            f"{fmt(r['dense_fwd_ms'], '{:.3f}')} / {fmt(r['sparse_fwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['flex_fwd_ms'], '{:.3f}')} | {fmt(r['dense_bwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['sparse_bwd_ms'], '{:.3f}')} / {fmt(r['flex_bwd_ms'], '{:.3f}')} | "
-            f"{bar(r['fwd_sparse_over_dense'], SPARSE_BAR, True)} | "
-            f"{bar(r['bwd_sparse_over_dense'], SPARSE_BAR, True)} | "
-            f"{bar(r['fwd_vs_flex'], FLEX_BAR, False)} | {bar(r['bwd_vs_flex'], FLEX_BAR, False)} | "
-            f"{fmt(r['error_vs_flex'], '{:.1e}')} |")
-    return "\n".join(lines)
+    return compare.beside_table(
+        rows, [("dist", "dist"), ("D", "head_dim"), ("pattern", "pattern"), ("mask", "mask"),
+               ("density", lambda r: fmt(r["density"]))],
+        ("dense", "sparse", "flex"), "dense / sparse / flex",
+        [("fwd sparse/dense", lambda r: bar(r["fwd_sparse_over_dense"], SPARSE_BAR, True)),
+         ("bwd sparse/dense", lambda r: bar(r["bwd_sparse_over_dense"], SPARSE_BAR, True)),
+         ("fwd vs flex", lambda r: bar(r["fwd_vs_flex"], FLEX_BAR, False)),
+         ("bwd vs flex", lambda r: bar(r["bwd_vs_flex"], FLEX_BAR, False))], "flex", "flex")
 
 
 def main(argv=None):

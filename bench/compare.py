@@ -229,24 +229,27 @@ def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     return results
 
 
-
-def time_beside_flex(impls, names, mine, args, device, notes):
-    """The variant benchmarks' timing (bench/score_mod.py, bench/block_mask.py): `impls` (name:
-    implementation with forward() and backward(out)) timed forward, then backward on each one's own
-    forward output, in turns (measure_interleaved with args.warmup, iters, budget_s, fwd_calls,
-    bwd_calls). Before the ratios mean anything, `mine`'s forward output is compared with "flex"'s
-    where both ran: error_vs_flex, the largest |difference| over the largest |flex's|. Returns a
-    row of {name}_fwd_ms and {name}_bwd_ms for every name in `names` (None where it did not run)
-    and error_vs_flex; failures are written to notes[name]."""
+def time_beside_reference(impls, names, mine, args, device, notes, reference="flex", bwd_note_suffix=""):
+    """The variant benchmarks' timing (bench/score_mod.py and bench/block_mask.py beside "flex",
+    bench/v_head_dim.py beside "fa2"): `impls` (name: implementation with forward(), backward(out)
+    and unpad(out, grads)) timed forward, then backward on each one's own forward output, in turns
+    (measure_interleaved with args.warmup, iters, budget_s, fwd_calls, bwd_calls). Before the
+    ratios mean anything, `mine`'s forward output is compared with the implementation named
+    `reference` where both ran: error_vs_<reference>, the largest |difference| over the largest
+    |reference's|, the reference's output unpadded to [T, H, D] (FlexAttention's padded batch) and
+    cut to mine's last dim (v_head_dim.py's reference takes v zero-padded to D, so its first Dv
+    columns are the same attention). Returns a row of error_vs_<reference>, then {name}_fwd_ms and
+    {name}_bwd_ms for every name in `names` (None where it did not run); failures are written to
+    notes[name], a backward's to notes[name + bwd_note_suffix]."""
     fwd = measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup, args.iters,
                               args.budget_s, args.fwd_calls)
     row, error = {}, None
-    if "flex" in impls and not isinstance(fwd.get("flex"), Exception) and not isinstance(fwd[mine], Exception):
+    if reference in impls and not isinstance(fwd.get(reference), Exception) and not isinstance(fwd[mine], Exception):
         ours = fwd[mine][1].detach().float()
-        theirs, _ = impls["flex"].unpad(fwd["flex"][1].detach(), ())
-        theirs = theirs.float()
+        theirs, _ = impls[reference].unpad(fwd[reference][1].detach(), ())
+        theirs = theirs.float()[..., :ours.shape[-1]]
         error = ((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)).item()
-    row["error_vs_flex"] = error
+    row[f"error_vs_{reference}"] = error
     live = {n: r for n, r in fwd.items() if not isinstance(r, Exception)}
     for n, r in fwd.items():
         if isinstance(r, Exception):
@@ -258,8 +261,35 @@ def time_beside_flex(impls, names, mine, args, device, notes):
         b = bwd.get(n)
         row[f"{n}_bwd_ms"] = b[0] if b is not None and not isinstance(b, Exception) else None
         if isinstance(b, Exception):
-            notes[n] = f"{type(b).__name__}: {b}"
+            notes[n + bwd_note_suffix] = f"{type(b).__name__}: {b}"
     return row
+
+
+def fmt(v, spec="{:.2f}"):
+    """A table cell: v formatted, "-" where it is None."""
+    return "-" if v is None else spec.format(v)
+
+
+def beside_table(rows, case, names, labels, ratios, reference, reference_label):
+    """The markdown table of the variant benchmarks' rows (time_beside_reference's and their
+    ratios), one shape for bench/score_mod.py, block_mask.py and v_head_dim.py: the `case` columns
+    first, then forward and backward ms of the three `names` ("fwd ms " + labels, their times
+    joined by " / "), then the `ratios` columns, then error_vs_<reference> ("err vs " +
+    reference_label). A column is (header, how): how is a row key (a case cell: str(value); a
+    ratio cell: fmt(value)) or a function of the row giving its cell."""
+    def cell(r, how, default):
+        return how(r) if callable(how) else default(r[how])
+
+    header = ([h for h, _ in case] + [f"fwd ms {labels}", f"bwd ms {labels}"] + [h for h, _ in ratios]
+              + [f"err vs {reference_label}"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = ([cell(r, how, str) for _, how in case]
+                 + [" / ".join(fmt(r[f"{n}_{part}_ms"], "{:.3f}") for n in names) for part in ("fwd", "bwd")]
+                 + [cell(r, how, fmt) for _, how in ratios] + [fmt(r[f"error_vs_{reference}"], "{:.1e}")])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
 
 def measure(fn, device, warmup, iters, budget_s, calls=1):
     """(median ms per call, last result) of fn(). Each timed sample is `calls` calls queued back to

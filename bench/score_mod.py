@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import peers  # noqa: E402
+from compare import fmt  # noqa: E402
 
 import jagflash  # noqa: E402
 
@@ -116,7 +117,7 @@ def run_case(x, mod, args, device):
         except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
             notes["flex"] = f"{type(e).__name__}: {e}"
     row = {"mod": mod}
-    row.update(compare.time_beside_flex(impls, ("plain", "modified", "flex"), "modified", args, device, notes))
+    row.update(compare.time_beside_reference(impls, ("plain", "modified", "flex"), "modified", args, device, notes))
     error = row["error_vs_flex"]
     wrong = error is not None and error > WRONG
     for d in ("fwd", "bwd"):
@@ -127,23 +128,12 @@ def run_case(x, mod, args, device):
     return row
 
 
-def fmt(v, spec="{:.2f}"):
-    return "-" if v is None else spec.format(v)
-
-
 def table(rows):
-    lines = ["| dist | D | mask | mod | fwd ms plain / mod / flex | bwd ms plain / mod / flex | fwd vs plain | "
-             "bwd vs plain | fwd vs flex | bwd vs flex | err vs flex |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['dist']} | {r['head_dim']} | {r['mask']} | {r['mod']} | "
-            f"{fmt(r['plain_fwd_ms'], '{:.3f}')} / {fmt(r['modified_fwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['flex_fwd_ms'], '{:.3f}')} | {fmt(r['plain_bwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['modified_bwd_ms'], '{:.3f}')} / {fmt(r['flex_bwd_ms'], '{:.3f}')} | "
-            f"{fmt(r['fwd_vs_plain'])} | {fmt(r['bwd_vs_plain'])} | {fmt(r['fwd_vs_flex'])} | "
-            f"{fmt(r['bwd_vs_flex'])} | {fmt(r['error_vs_flex'], '{:.1e}')} |")
-    return "\n".join(lines)
+    return compare.beside_table(
+        rows, [("dist", "dist"), ("D", "head_dim"), ("mask", "mask"), ("mod", "mod")],
+        ("plain", "modified", "flex"), "plain / mod / flex",
+        [("fwd vs plain", "fwd_vs_plain"), ("bwd vs plain", "bwd_vs_plain"), ("fwd vs flex", "fwd_vs_flex"),
+         ("bwd vs flex", "bwd_vs_flex")], "flex", "flex")
 
 
 def main(argv=None):

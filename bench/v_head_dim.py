@@ -7,12 +7,11 @@ backward, on the five distributions.
 
 Each case draws q, k from N(0, 1) [T, H, D] and v, dout [T, H, Dv] in bf16 (the (D, D) calls take v
 and dout zero-padded to D, so all three compute the same attention) and times the three in turns
-(compare.measure_interleaved: medians of CUDA-event samples). Before timing, jagflash's (D, Dv)
+(compare.time_beside_reference: medians of CUDA-event samples). Before timing, jagflash's (D, Dv)
 output is checked against FA2's first Dv columns (max |difference| / max |FA2's|; over 5e-2 the
 case is reported wrong and its ratios left out). Writes v_head_dim.json and prints a table last.
 """
 import argparse
-import functools
 import json
 import os
 import pathlib
@@ -26,6 +25,7 @@ sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402
 import peers  # noqa: E402
+from compare import fmt  # noqa: E402
 
 import jagflash  # noqa: E402
 
@@ -52,10 +52,6 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def fmt(v, spec="{:.2f}"):
-    return "-" if v is None else spec.format(v)
-
-
 def run_case(q, k, v, dout, offsets, lengths, causal, args, device):
     d, dv = q.shape[-1], v.shape[-1]
     v_pad, dout_pad = (F.pad(t, (0, d - dv)) for t in (v, dout))
@@ -70,24 +66,10 @@ def run_case(q, k, v, dout, offsets, lengths, causal, args, device):
         impls["fa2"] = peers.make("FA2 varlen", square_inputs)
     except Exception as e:  # noqa: BLE001 - the peer missing must not stop the run
         notes["fa2"] = f"{type(e).__name__}: {e}"
-    fwd = compare.measure_interleaved({n: i.forward for n, i in impls.items()}, device, args.warmup, args.iters,
-                                      args.budget_s, args.fwd_calls)
-    row = {"error_vs_fa2": None}
-    live = {n: r for n, r in fwd.items() if not isinstance(r, Exception)}
-    for n, r in fwd.items():
-        if isinstance(r, Exception):
-            notes[n] = f"{type(r).__name__}: {r}"
-    if "narrow" in live and "fa2" in live:
-        ours, theirs = live["narrow"][1].detach().float(), live["fa2"][1].detach().float()[..., :dv]
-        row["error_vs_fa2"] = ((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-30)).item()
-    bwd = compare.measure_interleaved({n: functools.partial(impls[n].backward, live[n][1]) for n in live}, device,
-                                      args.warmup, args.iters, args.budget_s, args.bwd_calls)
-    for n in ("narrow", "square", "fa2"):
-        row[f"{n}_fwd_ms"] = live[n][0] if n in live else None
-        b = bwd.get(n)
-        row[f"{n}_bwd_ms"] = None if b is None or isinstance(b, Exception) else b[0]
-        if isinstance(b, Exception):
-            notes[n + "_bwd"] = f"{type(b).__name__}: {b}"
+    # FA2's output is [T, H, D] (v padded): the helper compares its first Dv columns with narrow's.
+    # A refused backward (192:128) is noted as "<name>_bwd", the forward having run.
+    row = compare.time_beside_reference(impls, ("narrow", "square", "fa2"), "narrow", args, device, notes,
+                                        reference="fa2", bwd_note_suffix="_bwd")
     wrong = row["error_vs_fa2"] is not None and row["error_vs_fa2"] > WRONG
     for part in ("fwd", "bwd"):
         row[f"{part}_vs_square"] = ratio(row[f"square_{part}_ms"], row[f"narrow_{part}_ms"])
@@ -97,18 +79,11 @@ def run_case(q, k, v, dout, offsets, lengths, causal, args, device):
 
 
 def table(rows):
-    lines = ["| dist | D / Dv | mask | fwd ms (D,Dv) / (D,D) / FA2 | bwd ms (D,Dv) / (D,D) / FA2 | fwd vs (D,D) | "
-             "bwd vs (D,D) | fwd vs FA2 | bwd vs FA2 | err vs FA2 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['dist']} | {r['head_dim']} / {r['v_head_dim']} | {r['mask']} | "
-            f"{fmt(r['narrow_fwd_ms'], '{:.3f}')} / {fmt(r['square_fwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['fa2_fwd_ms'], '{:.3f}')} | {fmt(r['narrow_bwd_ms'], '{:.3f}')} / "
-            f"{fmt(r['square_bwd_ms'], '{:.3f}')} / {fmt(r['fa2_bwd_ms'], '{:.3f}')} | "
-            f"{fmt(r['fwd_vs_square'])} | {fmt(r['bwd_vs_square'])} | {fmt(r['fwd_vs_fa2'])} | "
-            f"{fmt(r['bwd_vs_fa2'])} | {fmt(r['error_vs_fa2'], '{:.1e}')} |")
-    return "\n".join(lines)
+    return compare.beside_table(
+        rows, [("dist", "dist"), ("D / Dv", lambda r: f"{r['head_dim']} / {r['v_head_dim']}"), ("mask", "mask")],
+        ("narrow", "square", "fa2"), "(D,Dv) / (D,D) / FA2",
+        [("fwd vs (D,D)", "fwd_vs_square"), ("bwd vs (D,D)", "bwd_vs_square"), ("fwd vs FA2", "fwd_vs_fa2"),
+         ("bwd vs FA2", "bwd_vs_fa2")], "fa2", "FA2")
 
 
 def main(argv=None):

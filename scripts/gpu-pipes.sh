@@ -7,12 +7,10 @@
 #   usage: scripts/gpu-pipes.sh [build-dir]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${1:-$root/build}"
-out="${OUT:-$root/gpu-logs}"
-mkdir -p "$out"
-export JAGFLASH_LIBRARY="$build/libjagflash.so"
+# python/ on PYTHONPATH before lib/ncu-env.sh puts FA3's copy in front of it.
 export PYTHONPATH="$root/python:${PYTHONPATH:-}"
-[ -d "$root/.fa3" ] && export PYTHONPATH="$root/.fa3:$PYTHONPATH"
+# shellcheck source=lib/ncu-env.sh
+source "$root/scripts/lib/ncu-env.sh"
 metrics="gpu__time_duration.sum,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active"
 : >"$out/pipes.txt"
 run_case() {  # name kernel-regex profile_bwd.py arguments...

@@ -7,11 +7,8 @@
 #   (profile_bwd.py runs both directions)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${1:-$root/build}"
-out="${OUT:-$root/gpu-logs}"
-mkdir -p "$out"
-export JAGFLASH_LIBRARY="$build/libjagflash.so"
-[ -d "$root/.fa3" ] && export PYTHONPATH="$root/.fa3:${PYTHONPATH:-}"
+# shellcheck source=lib/ncu-env.sh
+source "$root/scripts/lib/ncu-env.sh"
 args="${PROFILE_ARGS:---dist uniform1k --head-dim 128}"
 tag="${DIRECTION:-bwd}_$(echo "$args" | tr -c 'a-zA-Z0-9' '_' | sed 's/__*/_/g; s/^_//; s/_$//')"
 # jagflash's main backward kernel, then FA3's (its backward kernel is a cutlass device_kernel

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import jagflash
 from jagflash import BlockMask
 from conftest import (MASKS, TOLERANCES, LSE_TOLERANCE, assert_close, assert_lse_close, assert_same,
-                      assert_compiled_matches_eager, make_batch, needs_cuda, offsets_of, opcheck_fwd_bwd, visible)
+                      assert_compiled_matches_eager, modifier_batch, needs_cuda, offsets_of, opcheck_fwd_bwd, visible)
 
 BLOCK = BlockMask.BLOCK
 # Lengths on both sides of block edges (127, 128, 129, 257), 0 and 1, q != kv.
@@ -22,12 +22,12 @@ KV_LENGTHS = [260, 5, 0, 129, 400, 1, 131]
 
 
 def _batch(seed, **kwargs):
+    """modifier_batch (4 heads over 2 KV heads, D = 32) on the lengths above unless given others:
+    the modifier tests' lengths (17 at most) fit in one 128-token block, and the maps are tested
+    on sequences across block edges."""
     kwargs.setdefault("q_lengths", Q_LENGTHS)
     kwargs.setdefault("kv_lengths", KV_LENGTHS)
-    kwargs.setdefault("heads", 4)
-    kwargs.setdefault("kv_heads", 2)
-    kwargs.setdefault("head_dim", 32)
-    return make_batch(seed, **kwargs)
+    return modifier_batch(seed, **kwargs)
 
 
 def _lengths(offsets):
