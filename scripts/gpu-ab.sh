@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: the forward of two builds side by side on one machine start (A, B, B, A
+# On the GPU machine: the forward (or, with DIRECTION=bwd, the backward) of two builds side by side on one machine start (A, B, B, A
 # order, so drift in clocks shows up as A's two runs disagreeing), with the SM clock, power and
 # throttle reasons sampled while they run. Prints one table (fwd TFLOP/s per case) last; the raw
 # bench output and the clock log go to $OUT/ab.log and $OUT/clocks.csv.
@@ -10,7 +10,14 @@
 #     scripts/gpu-ab.sh build-base build "" "--causal" "--head-dim 64"
 #   A configuration may start with VAR=value words (environment for that run, e.g.
 #   "JAGFLASH_FWD_PINGPONG=1 --causal").
+#   DIRECTION=bwd times forward and backward and tabulates the backward's TFLOP/s.
 set -uo pipefail
+direction="${DIRECTION:-fwd}"
+case "$direction" in
+  fwd) bench_mode=(--fwd-only) column=7 ;;
+  bwd) bench_mode=() column=9 ;;
+  *) echo "gpu-ab.sh: DIRECTION: expected fwd or bwd, got $direction" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 a="$1"
 b="$2"
@@ -35,7 +42,7 @@ run_one() {  # label build config
   for w in $config; do
     if [[ "$w" == *=* && ${#args[@]} -eq 0 ]]; then envs+=("$w"); else args+=("$w"); fi
   done
-  env "${envs[@]}" timeout 120 "$build/jagflash" bench --fwd-only --iters 10 --warmup 2 "${args[@]}" 2>&1 \
+  env "${envs[@]}" timeout 120 "$build/jagflash" bench "${bench_mode[@]}" --iters 10 --warmup 2 "${args[@]}" 2>&1 \
     | grep '^| [a-z]' | sed "s/^/| $label | $config /" >>"$log"
 }
 
@@ -47,13 +54,14 @@ for config in "${configs[@]}"; do
 done
 kill "$sampler" 2>/dev/null
 
-# One row per (config, dist, mask): TFLOP/s of A, A2, B, B2 and B/A (means of the two runs).
-python3 - "$log" <<'EOF'
+# One row per (config, dist, mask): TFLOP/s (of the direction timed) of A, A2, B, B2 and B/A (means of the two runs).
+python3 - "$log" "$column" <<'EOF'
 import collections, sys
+column = int(sys.argv[2])
 rows = collections.OrderedDict()
 for line in open(sys.argv[1]):
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    label, config, dist, mask, tflops = cells[0], cells[1], cells[2], cells[3], cells[7]
+    label, config, dist, mask, tflops = cells[0], cells[1], cells[2], cells[3], cells[column]
     if dist == "dist":
         continue
     rows.setdefault((config, dist, mask), {})[label] = float(tflops)

@@ -107,4 +107,13 @@ __device__ __forceinline__ void add_dq_smem(const Fragment& dq_frag, uint32_t dq
   for_each_dq_pair<Offsets>(dq_frag, dq_stage, thread,
                             [](uint32_t a, float x, float y) { add_shared_v2(a, x, y); });
 }
+
+// The consumer thread index (0-255), read with an asm volatile the compiler cannot hoist out
+// of a loop: addresses derived from it are recomputed where they are used, not kept live.
+__device__ __forceinline__ int fresh_consumer_thread() {
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return static_cast<int>(tid) - 128;
+}
+
 }  // namespace jagflash::kernels::bwd
