@@ -5,6 +5,8 @@
 // dispatcher sizes the call's plan for, so a wrong answer is a plan built for another tile shape.
 // Every test passes its knobs explicitly: the environment's (ForwardKnobs::get) play no part.
 #include "kernels/fwd/variants.hpp"
+#include "kernels/hopper_backward.hpp"
+#include "kernels/hopper_forward.hpp"
 
 #include <gtest/gtest.h>
 
@@ -265,14 +267,16 @@ TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
   for (int head_dim : {8, 32, 40, 72, 96, 112, 136, 192, 248})
     for (const Input& in : inputs) {
       SCOPED_TRACE(testing::Message() << in.what << ": D=" << head_dim);
-      const int kernel_head_dim = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+      // The forward's kernel head dims: 64, 96 (forward-only, its default tile alone), 128, 256.
+      const int kernel_head_dim = head_dim <= 64 ? 64 : head_dim <= 96 ? 96 : head_dim <= 128 ? 128 : 256;
       jf_fwd_args a = call(head_dim, in.mask);
       a.launch.max_seqlen_hint = in.hint;
       a.problem.pooled_q_rows = in.pooled_rows;
       const ForwardVariant v = choose_forward_variant(a, in.knobs);
       expect_default_tile(v, kernel_head_dim);
       EXPECT_EQ(v.schedule, in.knobs.schedule);
-      if (kernel_head_dim == 256) continue;  // the D = 256 kernel has this one tile anyway
+      // The D = 96 and D = 256 kernels have this one tile anyway.
+      if (kernel_head_dim == 96 || kernel_head_dim == 256) continue;
       if (kernel_head_dim == 128 && !in.differs_at_128) continue;
       jf_fwd_args own = call(kernel_head_dim, in.mask);
       own.launch.max_seqlen_hint = in.hint;
@@ -282,6 +286,61 @@ TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
                   unpadded.ping_pong)
           << "at D = " << kernel_head_dim << " this case already takes the default tile";
     }
+}
+
+// Which Hopper kernel serves a head dim (the registry's tables, no GPU needed): the forward takes
+// the narrowest kernel at or above the head dim that has the call's variant (96's own forward for
+// 72-96 without a modifier or a map, padded below 96 or with a narrower v), the backward the next
+// of 64, 128, 256 up. A build without the D = 96 forward (JAGFLASH_FORWARD_HEAD_DIMS empty) serves
+// 72-96 with the 128 kernel instead; one without Hopper kernels has no entries at all.
+TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
+  if (kernels::find_hopper_forward(JF_BF16, 128, JF_SCORE_MOD_NONE) == nullptr)
+    GTEST_SKIP() << "a build without the Hopper kernels (JAGFLASH_PTX_ONLY or no sm_90a)";
+  const auto* own96 = kernels::find_hopper_forward(JF_BF16, 96, JF_SCORE_MOD_NONE);
+  ASSERT_NE(own96, nullptr);
+  const int k96 = own96->head_dim;  // 96 with the forward-only head dim, else 128
+  ASSERT_TRUE(k96 == 96 || k96 == 128) << k96;
+  EXPECT_EQ(own96->padded, k96 != 96);
+  struct Case {
+    int d, dv;
+    jf_score_mod mod;
+    int kernel;  // 0: no Hopper forward
+    bool padded;
+  };
+  const Case cases[] = {
+      {64, 0, JF_SCORE_MOD_NONE, 64, false},      {56, 0, JF_SCORE_MOD_NONE, 64, true},
+      {72, 0, JF_SCORE_MOD_NONE, k96, true},      {80, 0, JF_SCORE_MOD_NONE, k96, true},
+      {96, 64, JF_SCORE_MOD_NONE, k96, true},     {104, 0, JF_SCORE_MOD_NONE, 128, true},
+      {128, 0, JF_SCORE_MOD_NONE, 128, false},    {128, 96, JF_SCORE_MOD_NONE, 128, true},
+      {192, 128, JF_SCORE_MOD_NONE, 256, true},   {256, 0, JF_SCORE_MOD_NONE, 256, false},
+      {128, 0, JF_SCORE_MOD_SOFTCAP, 128, false}, {96, 0, JF_SCORE_MOD_SOFTCAP, 0, false},
+      {80, 0, JF_SCORE_MOD_ALIBI, 0, false},      {36, 0, JF_SCORE_MOD_NONE, 0, false},
+      {264, 0, JF_SCORE_MOD_NONE, 0, false},
+  };
+  for (jf_dtype dt : {JF_BF16, JF_FP16})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(testing::Message()
+                   << "D=" << c.d << " Dv=" << c.dv << " mod=" << c.mod << " dtype=" << dt);
+      const auto* e = kernels::find_hopper_forward(dt, c.d, c.mod, false, c.dv);
+      if (c.kernel == 0) {
+        EXPECT_EQ(e, nullptr);
+        continue;
+      }
+      ASSERT_NE(e, nullptr);
+      EXPECT_EQ(e->head_dim, c.kernel);
+      EXPECT_EQ(e->padded, c.padded);
+      EXPECT_EQ(e->dtype, dt);
+    }
+  // A block-sparse map: 64 and 128 only, never the D = 96 forward.
+  const auto* sparse80 = kernels::find_hopper_forward(JF_BF16, 80, JF_SCORE_MOD_NONE, true);
+  EXPECT_EQ(sparse80, nullptr);
+  // The backward has no D = 96 kernel: 72-96 run the 128 one, padded.
+  for (int d : {72, 80, 96}) {
+    const auto* b = kernels::find_hopper_backward(JF_BF16, d, JF_SCORE_MOD_NONE);
+    ASSERT_NE(b, nullptr) << d;
+    EXPECT_EQ(b->head_dim, 128) << d;
+    EXPECT_TRUE(b->padded) << d;
+  }
 }
 
 }  // namespace

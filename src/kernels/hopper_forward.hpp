@@ -36,14 +36,16 @@ struct HopperForwardEntry {
 };
 
 // The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v head dim:
-// 0 = q's): the kernel of the next head dim up (kernel_head_dim), padded when below it or when v's
+// 0 = q's): the narrowest kernel at or above the head dim that has the variant (96's forward serves
+// 72-96 without a modifier or map; otherwise kernel_head_dim's), padded when below it or when v's
 // head dim is narrower (V zero-filled past it, O's columns there zero and not stored); nullptr when
 // this build has none.
 const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
                                               bool block_sparse = false, int v_head_dim = 0);
 
-// The kernel head dim that serves a caller's head dim d: 64, 128 or 256, the smallest not below d,
-// for d a multiple of 8 up to 256 (0 otherwise). Below it the kernel runs padded (PaddedHeadDim).
+// The kernel head dim that serves a caller's head dim d in the backward (and in the forward where
+// no forward-only head dim does): 64, 128 or 256, the smallest not below d, for d a multiple of 8
+// up to 256 (0 otherwise). Below it the kernel runs padded (PaddedHeadDim).
 inline int kernel_head_dim(int head_dim) {
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;

@@ -98,12 +98,17 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
 // The instantiations per (dtype, head dim): D = 128 with 128-key blocks (and, in a build with
 // benchmark knobs, 64-key blocks and ping-pong); D = 64 with two (Q in registers; ping-pong with
 // knobs) or three consumer warpgroups; both with two independent single-warpgroup pairs (64-key
-// blocks at D = 128: 128 need more shared memory); D = 256 with two warpgroups and 32-key blocks.
+// blocks at D = 128: 128 need more shared memory); D = 256 with two warpgroups and 32-key blocks;
+// D = 96 with the default tile.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
   if constexpr (kHeadDim == 256) {
     return run_forward_variant<TileConfig<Element, 256, BlockN<32>>>(a, launch, v.schedule, stream);
+  } else if constexpr (kHeadDim == 96) {
+    // D = 96 (a forward-only head dim): the default tile alone, as the chooser gives every head dim
+    // but 64 and 128 (its two-pair tile would need 64-key blocks for two K/V stages).
+    return run_forward_variant<TileConfig<Element, 96>>(a, launch, v.schedule, stream);
   } else {
     if (v.pairs == 2)
       return run_forward_variant<

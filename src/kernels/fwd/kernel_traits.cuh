@@ -48,9 +48,11 @@ struct KernelTraits {
   using HeadDim = Int<kHeadDim>;
   using WgRows = Int<kRowsPerWarpgroup>;
 
-  // Q, K, V tiles in shared memory: head dim contiguous, 128-byte swizzle (the wgmma-native
-  // layout, bank-conflict free for both the TMA writes and the tensor-core reads).
-  using SmemAtom = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
+  // Q, K, V tiles in shared memory: head dim contiguous, swizzled (the wgmma-native layout,
+  // bank-conflict free for both the TMA writes and the tensor-core reads): 128-byte rows of the
+  // atom where the head dim is a multiple of 64 elements, 64-byte ones at D = 96 (three atoms).
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, decltype(GMMA::Layout_K_SW128_Atom<Element>{}),
+                                      decltype(GMMA::Layout_K_SW64_Atom<Element>{})>;
   using SmemLayoutQ =
       decltype(tile_to_shape(SmemAtom{}, Shape<BlockM, HeadDim>{}));  // one buffer (the TMA box)
   using SmemLayoutQBuffers =
