@@ -621,9 +621,13 @@ def run(args, out_dir):
 
             q, k, v, dout = rnd(), rnd(), rnd(), rnd()
 
+            # A forward-only run takes inputs without grad, so a call whose backward no path serves
+            # (jagflash past head dim 128 on CUDA) still times its forward.
+            needs_grad = "bwd" in args.parts or with_step
+
             def inputs_for(causal):
-                return peers.Inputs(*(t.clone().requires_grad_() for t in (q, k, v)), dout, offsets, lengths,
-                                    causal, flex_length)
+                return peers.Inputs(*(t.clone().requires_grad_(needs_grad) for t in (q, k, v)), dout, offsets,
+                                    lengths, causal, flex_length)
 
             for mask in args.masks:
                 causal = mask == "causal"
