@@ -56,8 +56,9 @@ jf_backend query(const GpuBatch& g, jf_backend requested, jf_direction direction
 jf_backend expected_auto(jf_dtype dtype, int head_dim, jf_direction direction) {
   const bool hopper_gpu = compute_capability() == 90 && !JAGFLASH_TEST_PTX_ONLY;
   const bool half = dtype == JF_BF16 || dtype == JF_FP16;
-  const bool dim_ok = direction == JF_DIRECTION_FORWARD ? true : head_dim != 256;
-  return hopper_gpu && half && dim_ok ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE;
+  (void)direction;  // both directions: 64, 128 and 256 (the backward's wide kernel at 256)
+  (void)head_dim;
+  return hopper_gpu && half ? JF_BACKEND_HOPPER : JF_BACKEND_ORACLE;
 }
 
 // The oracle's image on this device: in a PTX-only build (or on any GPU but compute capability

@@ -1,7 +1,7 @@
 // GPU tests of the head dims the Hopper kernels serve padded (a multiple of 8 below 64, 128 or
 // 256: the TMA's box of the kernel's width zero-fills the missing columns, and only the caller's
-// are stored): forward (out, lse) and, up to 128, backward (dq, dk, dv) against the CPU float64
-// reference, bf16 and fp16, lengths 0 and 1, q != kv, GQA, every mask; the inputs' row padding
+// are stored), and the backward's wide kernel at 256: forward (out, lse), backward (dq, dk, dv) against the
+// CPU float64 reference, bf16 and fp16, lengths 0 and 1, q != kv, GQA, every mask; the inputs' row padding
 // poisoned with NaN (never read) and the outputs' (never written); bitwise repeats in the
 // deterministic mode; AUTO picks the Hopper kernels; what no path serves is refused naming the
 // head dim, with nothing written.
@@ -97,17 +97,23 @@ TEST(GpuHeadDims, PaddedUpTo128BothDirections) {
         run_and_check(awkward(d, dt, mask, ++seed), /*with_backward=*/true);
 }
 
-TEST(GpuHeadDims, PaddedPast128Forward) {
+// Past 128: the 256 kernels (the backward's wide one, mainloop_bwd_wide.cuh), padded below 256.
+TEST(GpuHeadDims, PaddedPast128BothDirections) {
   uint64_t seed = 300;
-  for (int d : {136, 160, 192, 224})
+  for (int d : {136, 160, 192, 224, 248, 256})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
-      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) run_and_check(awkward(d, dt, mask, ++seed), false);
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
+        SCOPED_TRACE("D=" + std::to_string(d));
+        ++seed;
+        run_and_check(awkward(d, dt, mask, seed), /*with_backward=*/true,
+                      /*deterministic=*/static_cast<int>(seed % 2));
+        if (::testing::Test::HasFatalFailure()) return;
+      }
 }
 
 // A v head dim of its own (DeepSeek's 192 / 128 and others): the forward on the Hopper kernels
 // (V zero-filled past its head dim, O's columns there not stored), against the reference, every
-// mask, both dtypes; the backward at q head dim 192 (no Hopper backward past 128 yet) refused
-// naming v's head dim, nothing written.
+// mask, both dtypes.
 TEST(GpuHeadDims, NarrowerVForward) {
   uint64_t seed = 400;
   for (auto [d, dv] : {std::pair<int, int>{192, 128}, {128, 64}, {64, 32}, {96, 64}, {256, 128}, {80, 8}})
@@ -119,31 +125,22 @@ TEST(GpuHeadDims, NarrowerVForward) {
         run_and_check(s, /*with_backward=*/false);
         if (::testing::Test::HasFatalFailure()) return;
       }
-  BatchSpec s = awkward(192, JF_BF16, JF_MASK_CAUSAL, 450);
-  s.v_head_dim = 128;
-  GpuBatch g = testing::make_gpu_batch(s);
-  jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
-  EXPECT_EQ(jagflash_bwd(&ba), JF_ERR_UNSUPPORTED);
-  EXPECT_EQ(std::string(jagflash_last_error()).rfind("problem.v.head_dim", 0), 0u) << jagflash_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_TRUE(row_padding_is_nan(g.dq, g.dq_view, s.dtype));
-  std::vector<unsigned char> dq(g.dq.bytes());
-  g.dq.to_host(dq.data());
-  bool all_nan = true;
-  for (size_t i = 0; i + 1 < dq.size(); i += 2) {
-    uint16_t x;
-    std::memcpy(&x, dq.data() + i, 2);
-    all_nan = all_nan && (x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0;
-  }
-  EXPECT_TRUE(all_nan) << "dq was written by a refused backward";
 }
 
-// A v head dim of its own with q's up to 128: the backward on the Hopper kernels too (V and dO
+// A v head dim of its own: the backward on the Hopper kernels too (DeepSeek's 192 / 128 on the
+// wide 256 kernel, padded; V and dO
 // zero-filled past Dv, delta over Dv, dV's columns past it never stored), against the reference,
 // both dtypes, every mask, both backward modes; the inputs' and outputs' row padding NaN.
 TEST(GpuHeadDims, NarrowerVBackward) {
   uint64_t seed = 460;
-  for (auto [d, dv] : {std::pair<int, int>{128, 64}, {64, 32}, {96, 64}, {80, 8}, {128, 120}})
+  for (auto [d, dv] : {std::pair<int, int>{128, 64},
+                       {64, 32},
+                       {96, 64},
+                       {80, 8},
+                       {128, 120},
+                       {192, 128},
+                       {256, 128},
+                       {256, 248}})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
       for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
         BatchSpec s = awkward(d, dt, mask, ++seed);
@@ -165,6 +162,9 @@ TEST(GpuHeadDims, NarrowerVBackward) {
   s.mask = JF_MASK_CAUSAL;
   s.seed = 490;
   run_and_check(s, /*with_backward=*/true);
+  s.head_dim = 192;  // the wide kernel's split groups (its dK/dV halves into the partials)
+  s.v_head_dim = 128;
+  run_and_check(s, /*with_backward=*/true);
   unsetenv("JAGFLASH_BWD_GROUP_SPLITS");
 }
 
@@ -172,7 +172,7 @@ TEST(GpuHeadDims, NarrowerVBackward) {
 // backward modes.
 TEST(GpuHeadDims, LongerSequencesBothModes) {
   for (int det : {0, 1})
-    for (int d : {80, 96}) {
+    for (int d : {80, 96, 192, 256}) {
       BatchSpec s;
       s.len_q = {1000, 700, 1};
       s.len_kv = {1000, 1500, 3};
@@ -187,11 +187,11 @@ TEST(GpuHeadDims, LongerSequencesBothModes) {
 
 // Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1).
 TEST(GpuHeadDims, SmallCaseForSanitizers) {
-  for (int d : {80, 192}) {
+  for (int d : {80, 192, 256}) {
     BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 500 + d);
     s.len_q = {1, 65, 0, 130};
     s.len_kv = {2, 63, 5, 130};
-    run_and_check(s, /*with_backward=*/d <= 128);
+    run_and_check(s, /*with_backward=*/true);
   }
   // A v head dim of its own, both directions (V and dO zero-filled past it, dv's columns bounded).
   BatchSpec s = awkward(128, JF_BF16, JF_MASK_CAUSAL, 520);
@@ -202,11 +202,14 @@ TEST(GpuHeadDims, SmallCaseForSanitizers) {
 }
 
 TEST(GpuHeadDims, DeterministicRepeatsAreBitwiseIdentical) {
-  BatchSpec s = awkward(80, JF_BF16, JF_MASK_NONE, 600);
-  s.len_q = {300, 17, 513};
-  s.len_kv = {300, 40, 513};
-  GpuBatch g = testing::make_gpu_batch(s);
-  testing::expect_deterministic_backward_repeats(g, 20);
+  for (int d : {80, 192, 256}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    BatchSpec s = awkward(d, JF_BF16, d == 192 ? JF_MASK_CAUSAL : JF_MASK_NONE, 600 + d);
+    s.len_q = {300, 17, 513};
+    s.len_kv = {300, 40, 513};
+    GpuBatch g = testing::make_gpu_batch(s);
+    testing::expect_deterministic_backward_repeats(g, 20);
+  }
 }
 
 // What no path serves: JF_ERR_UNSUPPORTED naming the head dim (or the backend asked for), out and
@@ -221,8 +224,9 @@ TEST(GpuHeadDims, RefusesWhatNoPathServes) {
     jf_backend backend;
     const char* field;
   } cases[] = {
-      {"the backward at 192", 192, JF_BF16, true, JF_SCORE_MOD_NONE, JF_BACKEND_AUTO, "problem.q.head_dim"},
-      {"the backward at 192 on Hopper", 192, JF_BF16, true, JF_SCORE_MOD_NONE, JF_BACKEND_HOPPER,
+      {"softcap's backward at 192", 192, JF_BF16, true, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_AUTO,
+       "problem.q.head_dim"},
+      {"softcap's backward at 256 on Hopper", 256, JF_BF16, true, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_HOPPER,
        "launch.backend"},
       {"softcap at 80", 80, JF_BF16, false, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_AUTO, "problem.q.head_dim"},
       {"fp32 at 80", 80, JF_FP32, false, JF_SCORE_MOD_NONE, JF_BACKEND_AUTO, "problem.q.head_dim"},

@@ -219,7 +219,12 @@ TEST(GpuHopperBackward, SmallAgainstReference) {
   b.window_right = 20;
   b.row_pad = 0;
   b.seed = 4;
-  for (const BatchSpec& s : {a, b})
+  BatchSpec c = a;  // the wide kernel (64-key tiles, the head dim split between the warpgroups)
+  c.head_dim = 256;
+  c.heads = 4;
+  c.heads_kv = 2;
+  c.seed = 5;
+  for (const BatchSpec& s : {a, b, c})
     for (int det : {0, 1}) run_hopper_and_check(s, det);
 }
 
@@ -385,7 +390,7 @@ TEST(GpuHopperBackward, AwkwardLengthsWindowsGqaMqaFp16AndStrides) {
   const int heads_kv[] = {4, 2, 1};
   uint64_t seed = 700;
   int block = 0;
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (jf_dtype dtype : {JF_BF16, JF_FP16}) {
       for (int j = 0; j < 6; ++j) {
         BatchSpec s;
@@ -679,14 +684,17 @@ TEST(GpuHopperBackward, RowsThatSeeNoKeyGetZeroGradients) {
     }
 }
 
-// JF_BACKEND_HOPPER serves bf16/fp16 at head dims 64 and 128: anything else is refused with a
-// message and nothing is written; AUTO serves the same call with the oracle.
+// JF_BACKEND_HOPPER serves bf16/fp16 at head dims 64, 128 and 256 (at 256 without a score
+// modifier): anything else is refused with a message and nothing is written; AUTO serves the same
+// call with the oracle.
 TEST(GpuHopperBackward, RefusesWhatItCannotServe) {
   struct Case {
     jf_dtype dtype;
     int d;
+    jf_score_mod mod;
   };
-  for (Case c : {Case{JF_BF16, 256}, Case{JF_FP16, 256}, Case{JF_FP32, 128}, Case{JF_FP32, 64}}) {
+  for (Case c : {Case{JF_BF16, 256, JF_SCORE_MOD_SOFTCAP}, Case{JF_FP16, 256, JF_SCORE_MOD_SOFTCAP},
+                 Case{JF_FP32, 128, JF_SCORE_MOD_NONE}, Case{JF_FP32, 64, JF_SCORE_MOD_NONE}}) {
     BatchSpec s;
     s.len_q = {5, 9, 130};
     s.len_kv = {5, 70, 100};
@@ -695,6 +703,8 @@ TEST(GpuHopperBackward, RefusesWhatItCannotServe) {
     s.head_dim = c.d;
     s.dtype = c.dtype;
     s.mask = JF_MASK_CAUSAL;
+    s.score_mod = c.mod;
+    s.softcap = c.mod == JF_SCORE_MOD_SOFTCAP ? 20.f : 0.f;
     SCOPED_TRACE(label(s));
     GpuBatch g = testing::make_gpu_batch(s);
     ASSERT_EQ(forward(g, JF_BACKEND_AUTO), JF_OK) << jagflash_last_error();  // D=256: Hopper; fp32: oracle

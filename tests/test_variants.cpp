@@ -341,6 +341,25 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
     EXPECT_EQ(b->head_dim, 128) << d;
     EXPECT_TRUE(b->padded) << d;
   }
+  // Past 128 the backward's wide kernel (256, 64-key tiles): its own at 256, padded for 136-248 and
+  // for a narrower v (DeepSeek's 192 / 128); not with a score modifier or a block-sparse map.
+  for (jf_dtype dt : {JF_BF16, JF_FP16})
+    for (int d = 136; d <= 256; d += 8) {
+      const auto* b = kernels::find_hopper_backward(dt, d, JF_SCORE_MOD_NONE);
+      ASSERT_NE(b, nullptr) << d;
+      EXPECT_EQ(b->head_dim, 256) << d;
+      EXPECT_EQ(b->padded, d != 256) << d;
+      EXPECT_EQ(kernels::backward_block_n(b->head_dim), 64) << d;
+    }
+  const auto* deepseek = kernels::find_hopper_backward(JF_BF16, 192, JF_SCORE_MOD_NONE, false, 128);
+  ASSERT_NE(deepseek, nullptr);
+  EXPECT_EQ(deepseek->head_dim, 256);
+  EXPECT_TRUE(deepseek->padded);
+  EXPECT_TRUE(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, false, 128)->padded);
+  EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_SOFTCAP), nullptr);
+  EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, true), nullptr);
+  EXPECT_EQ(kernels::backward_block_n(128), 128);
+  EXPECT_EQ(kernels::backward_block_n(64), 128);
 }
 
 }  // namespace

@@ -6,13 +6,15 @@ whose jagflash.backend asks query() about the caller's tensors; it imports neith
 The C library chooses per call and says what it chose (jagflash_query_backend in
 include/jagflash/jagflash.h; the calls run the same choice):
   "hopper"     the fast kernels: compute capability 9.0 (H100, H200), bf16/fp16, every head dim
-               that is a multiple of 8 up to 256 (backward: up to 128), v's up to q's (not
-               pooled, no score modifier or block mask off 64/128/256);
+               that is a multiple of 8 up to 256 in either direction, v's up to q's (not
+               pooled, no score modifier or block mask off 64/128/256; a score modifier at 64, 128
+               and, forward only, 256; a block mask at 64 and 128);
   "oracle"     the slow path: fp32 on CUDA cores, correct on every GPU of compute capability 8.0
                or newer, one to two orders of magnitude slower (head dim 64/128/256, v's = q's);
   "reference"  CPU tensors: the C++ float64 reference (every head dim: any multiple of 8 up to
                256, v's up to q's).
-What no path serves on CUDA (the backward past 128 off 256, say) is refused: UnsupportedError.
+What no path serves on CUDA (a head dim off 64/128/256 with fp32, a score modifier or a block mask,
+say) is refused: UnsupportedError.
 The first CUDA call the oracle serves warns with SlowPathWarning (once per process).
 """
 import ctypes
@@ -77,8 +79,8 @@ def _warning_text(direction: int, problem: _capi.Problem, device: torch.device) 
         f"jagflash: the slow path (the GPU oracle: fp32 on CUDA cores, correct but one to two orders of "
         f"magnitude slower) serves this {what} ({dtype}, head dim {problem.q.head_dim}) on "
         f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}). The fast kernels "
-        f"need compute capability 9.0 (H100/H200), bf16 or fp16 and a head dim up to 256 (backward: up to "
-        f"128; with a score modifier 64, 128 or 256, backward 64 or 128; with a block mask 64 or 128). "
+        f"need compute capability 9.0 (H100/H200), bf16 or fp16 and a head dim up to 256 (with a score "
+        f"modifier 64, 128 or 256, backward 64 or 128; with a block mask 64 or 128). "
         f"jagflash.backend(...) says which "
         f"path serves a call; this warning is given once."
     )

@@ -59,10 +59,10 @@ _CUDA_HEAD_DIMS = (64, 128, 256)
 def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, pooled=False):
     """The head dims the C library accepts, with its messages in the ops' terms (q.shape[-1]):
     UnsupportedError for one no path serves, on the tensors' device (on CUDA: v's the same as
-    q's but on the Hopper forward (bf16/fp16, no modifier, no block mask, not `pooled`), and a q head dim other
-    than 64, 128 or 256 only where the Hopper kernels take it: bf16 or fp16, no score modifier
-    (`modified`) and no block mask (`blocked`), the forward up to 256 and the backward
-    (`backward`) up to 128), InvalidArgumentError for k's differing from q's. The
+    q's but on the Hopper kernels (bf16/fp16, no modifier, no block mask, not `pooled`), and a q head
+    dim other than 64, 128 or 256 only where the Hopper kernels take it: bf16 or fp16, no score
+    modifier (`modified`) and no block mask (`blocked`), either direction up to 256: `backward`
+    changes nothing, as in the C library), InvalidArgumentError for k's differing from q's. The
     fake kernels and jagflash.backend() run it, so a traced call fails where an eager one would; an
     eager call leaves it to the C library, which says the same (on a GPU that is not a Hopper one
     it also refuses what only the Hopper kernels serve)."""
@@ -74,23 +74,22 @@ def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, p
         raise _errors.UnsupportedError(f"v.shape[-1]: expected a multiple of 8 from 8 to q's head dim ({d}), got {dv}",
                                        _capi.ERR_UNSUPPORTED)
     if q.device.type == "cuda":
-        hopper = q.dtype in (torch.bfloat16, torch.float16) and not modified and not blocked and \
-            d <= (128 if backward else 256)
-        if d not in _CUDA_HEAD_DIMS and not hopper:
-            raise _errors.UnsupportedError(
-                f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
-                f"kernels with bf16/fp16 and no score modifier, {'the backward up to head dim 128' if backward else 'forward up to 256'}; "
-                f"otherwise on CPU tensors only so far), got {d}", _capi.ERR_UNSUPPORTED)
-        # A narrower v: the Hopper kernels' padded ones (bf16/fp16, no modifier, no block mask, not
-        # pooled; the backward up to q head dim 128).
-        narrow_v_served = not pooled and q.dtype in (torch.bfloat16, torch.float16) and not modified and \
-            not blocked and (not backward or d <= 128)
-        if dv != d and not narrow_v_served:
+        # The Hopper kernels (their padded ones below 64 / 128 / 256): bf16/fp16, no score modifier,
+        # no block mask, either direction, every head dim checked above.
+        hopper = q.dtype in (torch.bfloat16, torch.float16) and not modified and not blocked
+        # A narrower v: the Hopper kernels' padded ones (not pooled). Named before q's head dim, as
+        # the C library does (require_served_head_dim), so both refuse 192 / 128 with a modifier alike.
+        if dv != d and not (hopper and not pooled):
             raise _errors.UnsupportedError(
                 f"v.shape[-1]: expected q's head dim ({d}) for this call on CUDA (a v head dim of its own, {dv} "
                 f"here, runs on the Hopper kernels with bf16/fp16, no score modifier, no block mask, not pooled, "
-                f"the backward up to q head dim 128; otherwise on CPU tensors only so far), got {dv}",
+                f"either direction; otherwise on CPU tensors only so far), got {dv}",
                 _capi.ERR_UNSUPPORTED)
+        if d not in _CUDA_HEAD_DIMS and not hopper:
+            raise _errors.UnsupportedError(
+                f"q.shape[-1]: expected 64, 128 or 256 for this call on CUDA (head dim {d} runs on the Hopper "
+                f"kernels with bf16/fp16 and no score modifier, either direction; otherwise on CPU tensors only so "
+                f"far), got {d}", _capi.ERR_UNSUPPORTED)
     if k.shape[-1] != d:
         raise _errors.invalid_argument("k.shape[-1]", d, k.shape[-1])
 

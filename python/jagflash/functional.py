@@ -343,10 +343,10 @@ def jagged_attention(
     q: [total_q, H, D]; k: [total_kv, H_kv, D]; v: [total_kv, H_kv, Dv] with H % H_kv == 0
     (GQA/MQA); bf16 or fp16 (fp32 also accepted). Returns out [total_q, H, Dv]. Head dims: on CPU
     tensors D any multiple of 8 from 8 to 256 and Dv one up to D (DeepSeek's 192 / 128); on CUDA
-    tensors Dv = D, and D = 64, 128 or 256, or any other D on the Hopper kernels (bf16/fp16, no
-    score modifier; the backward up to 128): others raise UnsupportedError naming q.shape[-1] or
-    v.shape[-1] (jagflash.backend says the same). Rows may be strided (slices of a
-    fused QKV); the head dim is made contiguous when it is not.
+    tensors D = 64, 128 or 256 with Dv = D, or any other such D, or Dv < D, on the Hopper kernels
+    (bf16/fp16, no score modifier, no block mask, either direction; Dv < D not pooled): others
+    raise UnsupportedError naming q.shape[-1] or v.shape[-1] (jagflash.backend says the same).
+    Rows may be strided (slices of a fused QKV); the head dim is made contiguous when it is not.
     q_offsets, kv_offsets: int32 or int64 [B+1] on the tensors' device, offsets[0] == 0,
     non-decreasing, last == total, every value within int32; kv_offsets=None means q's.
     causal / window: FlashAttention's convention, bottom-right aligned when Lq != Lk: query i of a
@@ -625,9 +625,9 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
     for the tensors' dtype, shapes, device or head dim (UnsupportedError when no path serves the
-    head dims on that device for this call: on CUDA a v head dim of its own off the Hopper forward,
-    or one other than 64, 128 or 256 that the Hopper kernels do not take: fp32, a softcap or
-    alibi_slopes, a backward past 128). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
+    head dims on that device for this call: on CUDA a v head dim of its own off the Hopper kernels,
+    or one other than 64, 128 or 256 that the Hopper kernels do not take: fp32, a score modifier
+    or a block mask). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
     values are not read)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))

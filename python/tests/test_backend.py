@@ -71,9 +71,11 @@ def test_slow_path_warns_once(fresh_warning_state, monkeypatch):
     assert asked == [(0, _capi.BF16, 128), (1, _capi.FP32, 64)]
 
 
-def _expected(dtype, head_dim, backward):
+def _expected(dtype, head_dim, backward, modified=False, blocked=False):
+    """The README's table: on a Hopper GPU the Hopper kernels for bf16/fp16, with a score modifier at
+    64 and 128 (forward also 256), with a block mask at 64 and 128; the oracle for the rest."""
     hopper_gpu = torch.cuda.get_device_capability() == (9, 0)
-    fast = dtype in (torch.bfloat16, torch.float16) and (head_dim != 256 or not backward)
+    fast = dtype in (torch.bfloat16, torch.float16) and not (head_dim == 256 and (blocked or (modified and backward)))
     return "hopper" if hopper_gpu and fast else "oracle"
 
 
@@ -81,14 +83,38 @@ def _expected(dtype, head_dim, backward):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_cuda_backend_follows_the_readme_table(dtype, head_dim):
-    """On an H200 the Hopper kernels serve bf16/fp16 (backward: D <= 128); any other GPU, dtype or
-    head dim gets the oracle. A library built with JAGFLASH_PTX_ONLY has no Hopper kernels."""
+    """On an H200 the Hopper kernels serve bf16/fp16 in either direction (the backward at 256 too);
+    any other GPU or dtype gets the oracle. A library built with JAGFLASH_PTX_ONLY has no Hopper
+    kernels."""
     q, k, v, qo, kvo = _tensors("cuda", dtype, head_dim)
     for backward in (False, True):
         got = jagflash.backend(q, k, v, qo, kvo, backward=backward)
         if got == "oracle" and _expected(dtype, head_dim, backward) == "hopper":
             pytest.skip("this library has no Hopper kernel for the call (a PTX-only or trimmed build)")
         assert got == _expected(dtype, head_dim, backward)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_cuda_backend_with_a_modifier_or_a_block_mask(dtype, head_dim):
+    """At head dim 256 the Hopper backward takes no score modifier (softcap, ALiBi, relative bias)
+    and neither direction a block mask: the oracle serves those; at 128 the Hopper kernels serve
+    softcap, ALiBi and a block mask in both directions."""
+    q, k, v, qo, kvo = _tensors("cuda", dtype, head_dim)
+    if jagflash.backend(q, k, v, qo, kvo, backward=True) != _expected(dtype, head_dim, True):
+        pytest.skip("this library has no Hopper kernel for the call (a PTX-only or trimmed build)")
+    modifiers = [{"softcap": 5.0}, {"alibi_slopes": torch.rand(4, device="cuda")}]
+    if head_dim == 256:
+        modifiers.append({"score_mod": "relative_bias", "score_mod_table": torch.randn(4, 7, device="cuda")})
+    for kwargs in modifiers:
+        for backward in (False, True):
+            assert jagflash.backend(q, k, v, qo, kvo, backward=backward, **kwargs) == \
+                _expected(dtype, head_dim, backward, modified=True), (kwargs, backward)
+    block_mask = jagflash.BlockMask.random(qo, kvo, density=0.5, seed=1)
+    for backward in (False, True):
+        assert jagflash.backend(q, k, v, qo, kvo, backward=backward, block_mask=block_mask) == \
+            _expected(dtype, head_dim, backward, blocked=True), backward
 
 
 @needs_cuda

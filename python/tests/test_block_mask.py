@@ -653,10 +653,14 @@ def test_cuda_an_empty_map():
 @needs_cuda
 @pytest.mark.filterwarnings("ignore::jagflash.SlowPathWarning")
 def test_cuda_head_dim_256_on_the_oracle():
+    """Either direction: the Hopper kernels of 256 (the backward's wide one too) take no block map."""
     batch = _cuda_batch(4030, 256)
     block_mask = BlockMask.random(batch.q_offsets, batch.kv_offsets, density=0.5, seed=3)
-    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
-                            block_mask=block_mask) == "oracle"
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    assert jagflash.backend(*args) == "hopper"  # without the map
+    assert jagflash.backend(*args, backward=True) == "hopper"
+    assert jagflash.backend(*args, block_mask=block_mask) == "oracle"
+    assert jagflash.backend(*args, block_mask=block_mask, backward=True) == "oracle"
     check_block_mask(batch, block_mask, causal=True)
 
 

@@ -1,9 +1,9 @@
 """Every head dim that is a multiple of 8 up to 256, and a v head dim of its own (Dv <= D), on CPU
 tensors (the C++ float64 reference) through jagged_attention, attention (nested),
 flash_attn_varlen_func and the custom ops' fake kernels; on CUDA tensors the Hopper kernels' head
-dims (padded below 64 / 128 / 256) against the float64 reference, and what no GPU path serves yet
-refused with UnsupportedError before anything launches (checked on fake CUDA tensors, which need
-no GPU: the fake kernels and jagflash.backend run the C library's rules)."""
+dims (padded below 64 / 128 / 256, either direction) against the float64 reference, and what no GPU
+path serves yet refused with UnsupportedError before anything launches (checked on fake CUDA
+tensors, which need no GPU: the fake kernels and jagflash.backend run the C library's rules)."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -189,18 +189,16 @@ def test_compiled_fullgraph_matches_eager():
 
 
 # ---- CUDA: the Hopper kernels take every head dim (padded below 64 / 128 / 256) for bf16/fp16
-# without a score modifier, the forward up to 256 and the backward up to 128; what nothing serves
-# is refused before launch, naming the head dim (checked on fake CUDA tensors, no GPU needed).
+# without a score modifier or a block mask, either direction (the backward past 128 on the wide
+# kernel of 256, padded below it), and a v head dim below q's (not pooled); what nothing serves is
+# refused before launch, naming the head dim (checked on fake CUDA tensors, no GPU needed).
 
 V_OF_ITS_OWN = r"^v.shape\[-1\]: expected q's head dim \({d}\) for this call on CUDA \(a v head dim of its own, " \
                r"{dv} here, runs on the Hopper kernels with bf16/fp16, no score modifier, no block mask, not pooled, " \
-               r"the backward up to q head dim 128; otherwise on CPU tensors only so far\), got {dv}$"
-BACKWARD_192 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 192 runs on the Hopper " \
-               r"kernels with bf16/fp16 and no score modifier, the backward up to head dim 128; otherwise on CPU " \
-               r"tensors only so far\), got 192$"
-FORWARD_80 = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim 80 runs on the Hopper " \
-             r"kernels with bf16/fp16 and no score modifier, forward up to 256; otherwise on CPU tensors only so " \
-             r"far\), got 80$"
+               r"either direction; otherwise on CPU tensors only so far\), got {dv}$"
+Q_HEAD_DIM = r"^q.shape\[-1\]: expected 64, 128 or 256 for this call on CUDA \(head dim {d} runs on the Hopper " \
+             r"kernels with bf16/fp16 and no score modifier, either direction; otherwise on CPU tensors only so " \
+             r"far\), got {d}$"
 
 
 def _fake_cuda(dims, dtype=torch.bfloat16):
@@ -213,7 +211,8 @@ def _fake_cuda(dims, dtype=torch.bfloat16):
 
 
 def _entries(q, k, v, off, **kwargs):
-    """{name: call} of every forward and backward entry on fake tensors (kwargs: a modifier)."""
+    """{name: call} of every forward and backward entry on fake tensors (kwargs: a modifier; the
+    pooled ones take q's first 3 rows, so B * Lq = 6 output rows)."""
     op_mod = (kwargs.get("softcap", 0.0), kwargs.get("alibi_slopes"))
     lse = torch.empty(4, 12, device="cuda")
     dv = v.shape[-1]
@@ -229,6 +228,8 @@ def _entries(q, k, v, off, **kwargs):
         "backward": {
             "op bwd": lambda: torch.ops.jagflash.bwd(q[..., :dv], q, k, v, q[..., :dv], lse, off, off, 0, -1, -1, 0.0,
                                                      "auto", 0, False, *op_mod),
+            "pooled_bwd": lambda: torch.ops.jagflash.pooled_bwd(q[:6, :, :dv], q[:3], k, v, q[:6, :, :dv], lse[:, :6],
+                                                                off, 0, -1, -1, 0.0, "auto", 0, False, *op_mod),
             "backend backward": lambda: jagflash.backend(q, k, v, off, off, backward=True, **kwargs),
         },
     }
@@ -240,54 +241,86 @@ def _expect_refused(calls, message):
             call()
 
 
-def test_cuda_a_v_head_dim_of_its_own_runs_on_the_hopper_kernels():
-    """Dv < D: the forward and (q head dim up to 128) the backward on the Hopper kernels (out, dv
-    [.., Dv]), not pooled, not with a modifier; what they do not serve is refused, naming v's head dim."""
+def _block_mask_entries(q, k, v, off):
+    """The forward and backward ops with a block-sparse map (the ops' last arguments; fake tensors)."""
+    lse = torch.empty(4, 12, device="cuda")
+    dv = v.shape[-1]
+    blocks = torch.empty(2, dtype=torch.uint8, device="cuda")
+    return {
+        "op fwd": lambda: torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0, None,
+                                                 blocks, off),
+        "op bwd": lambda: torch.ops.jagflash.bwd(q[..., :dv], q, k, v, q[..., :dv], lse, off, off, 0, -1, -1, 0.0,
+                                                 "auto", 0, False, 0.0, None, blocks, off),
+    }
+
+
+@pytest.mark.parametrize("dims", [(128, 64), (192, 128), (256, 128), (160, 64)], ids=_id)
+def test_cuda_a_v_head_dim_of_its_own_runs_on_the_hopper_kernels(dims):
+    """Dv < D (DeepSeek's 192 / 128 among them): both directions on the Hopper kernels (out, dv
+    [.., Dv]), past q head dim 128 too (the backward's wide kernel of 256, padded)."""
     with FakeTensorMode():
-        q, k, v, off = _fake_cuda((128, 64))
+        q, k, v, off = _fake_cuda(dims)
         entries = _entries(q, k, v, off)
         out, lse = entries["forward"]["op fwd"]()
-        assert out.shape == (12, 4, 64)
-        assert entries["forward"]["jagged_attention"]().shape == (12, 4, 64)
+        assert out.shape == (12, 4, dims[1])
+        assert entries["forward"]["jagged_attention"]().shape == (12, 4, dims[1])
         dq, dk, dv = entries["backward"]["op bwd"]()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
-        refused = V_OF_ITS_OWN.format(d=128, dv=64)
-        _expect_refused({"pooled_fwd": entries["forward"]["pooled_fwd"]}, refused)
-        _expect_refused(_entries(q, k, v, off, softcap=5.0)["forward"], refused)
-        # DeepSeek's 192 / 128: the forward runs (the kernel of 256, padded), the backward is refused
-        # for q's head dim (no Hopper backward past 128).
-        q, k, v, off = _fake_cuda((192, 128))
-        entries = _entries(q, k, v, off)
-        assert entries["forward"]["op fwd"]()[0].shape == (12, 4, 128)
-        _expect_refused(entries["backward"], BACKWARD_192)
 
 
-def test_cuda_refuses_the_backward_past_128_off_the_kernel_head_dims():
-    """D = 192: the forward runs (the Hopper kernel of 256, padded), the backward is refused."""
+def test_cuda_a_v_head_dim_of_its_own_is_refused_off_the_hopper_kernels():
+    """Pooled, with a modifier, with a block mask or fp32: refused in either direction, naming v's
+    head dim (before q's, as the C library does: 192 / 128 with a modifier names v's too)."""
     with FakeTensorMode():
-        q, k, v, off = _fake_cuda((192, 192))
+        for d, dv in ((128, 64), (256, 64), (192, 128)):
+            q, k, v, off = _fake_cuda((d, dv))
+            refused = V_OF_ITS_OWN.format(d=d, dv=dv)
+            entries = _entries(q, k, v, off)
+            _expect_refused({"pooled_fwd": entries["forward"]["pooled_fwd"],
+                             "pooled_bwd": entries["backward"]["pooled_bwd"]}, refused)
+            for direction in ("forward", "backward"):
+                _expect_refused(_entries(q, k, v, off, softcap=5.0)[direction], refused)
+                _expect_refused(_entries(*_fake_cuda((d, dv), torch.float32))[direction], refused)
+            _expect_refused(_block_mask_entries(q, k, v, off), refused)
+
+
+@pytest.mark.parametrize("d", [136, 192, 248])
+def test_cuda_backward_past_128_runs_on_the_hopper_kernels(d):
+    """D off 64/128/256 past 128: both directions on the Hopper kernel of 256, padded (pooled too)."""
+    with FakeTensorMode():
+        q, k, v, off = _fake_cuda((d, d))
         entries = _entries(q, k, v, off)
         out, lse = entries["forward"]["op fwd"]()
-        assert out.shape == (12, 4, 192)
-        _expect_refused(entries["backward"], BACKWARD_192)
+        assert out.shape == (12, 4, d)
+        dq, dk, dv = entries["backward"]["op bwd"]()
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        dq, dk, dv = entries["backward"]["pooled_bwd"]()
+        assert dq.shape == (3, 4, d) and dk.shape == k.shape and dv.shape == v.shape
 
 
-def test_cuda_refuses_a_padded_head_dim_with_a_modifier_or_fp32():
+@pytest.mark.parametrize("d", [80, 192])
+def test_cuda_refuses_a_padded_head_dim_with_a_modifier_a_block_mask_or_fp32(d):
+    """Only the Hopper kernels serve D off 64/128/256, and not with a score modifier, a block mask
+    or fp32: refused in either direction, naming q's head dim."""
+    refused = Q_HEAD_DIM.format(d=d)
     with FakeTensorMode():
-        _expect_refused(_entries(*_fake_cuda((80, 80)), softcap=5.0)["forward"], FORWARD_80)
-        _expect_refused(_entries(*_fake_cuda((80, 80), torch.float32))["forward"], FORWARD_80)
+        for direction in ("forward", "backward"):
+            _expect_refused(_entries(*_fake_cuda((d, d)), softcap=5.0)[direction], refused)
+            _expect_refused(_entries(*_fake_cuda((d, d)), alibi_slopes=torch.empty(4, device="cuda"))[direction],
+                            refused)
+            _expect_refused(_entries(*_fake_cuda((d, d), torch.float32))[direction], refused)
+        _expect_refused(_block_mask_entries(*_fake_cuda((d, d))), refused)
 
 
-@pytest.mark.parametrize("d", [8, 40, 64, 80, 96, 112, 128, 160, 192, 224, 256])
+@pytest.mark.parametrize("d", [8, 40, 64, 80, 96, 112, 128, 136, 160, 192, 224, 248, 256])
 def test_cuda_head_dims_the_hopper_kernels_serve_trace(d):
-    """Forward at every head dim, backward up to 128 (and at 256, the oracle's): shapes come out."""
+    """Every head dim, either direction: shapes come out."""
     with FakeTensorMode():
         q, k, v, off = _fake_cuda((d, d))
         out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
         assert out.shape == (12, 4, d) and out.device.type == "cuda"
-        if d <= 128 or d == 256:
-            dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto")
-            assert dq.shape == q.shape and dv.shape == v.shape
+        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto")
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
 CUDA_Q_LENGTHS = [1, 0, 200, 65, 130, 2]
@@ -350,6 +383,93 @@ def test_cuda_narrower_v_backward_matches_the_reference(dims, mask, deterministi
                        kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=causal, window=window, deterministic=deterministic)
+
+
+# ---- CUDA: the backward past head dim 128 on the Hopper kernels: the wide kernel of 256 (its own
+# head dim and, padded, every multiple of 8 from 136 to 248 and a narrower v such as DeepSeek's
+# 192 / 128), against the float64 reference like the backward up to 128 above.
+
+WIDE_HEAD_DIMS = [136, 160, 192, 224, 248, 256]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", WIDE_HEAD_DIMS)
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+def test_cuda_backward_past_128_matches_the_reference(d, dtype, mask):
+    """Both directions on the Hopper kernels (the backward's wide kernel of 256, q, k, v, dout
+    zero-filled past D below it), GQA (4 heads over 2)."""
+    causal, window = MASKS[mask]
+    batch = make_batch(3400 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
+                       head_dim=d, dtype=dtype, device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
+    check_against_reference(batch, causal=causal, window=window)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dims", [(192, 128), (256, 128)], ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask", ["none", "causal", "window_3_2"])
+def test_cuda_narrower_v_backward_past_128_matches_the_reference(dims, dtype, mask):
+    """Dv < D past q head dim 128 (DeepSeek's 192 / 128): both directions on the Hopper kernels (the
+    backward's wide kernel of 256, padded: V and dO zero-filled past Dv), dv [.., Dv]."""
+    causal, window = MASKS[mask]
+    batch = make_batch(3500 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
+                       kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], dtype=dtype, device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
+    check_against_reference(batch, causal=causal, window=window)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dims", [(192, 192), (256, 256), (192, 128)], ids=_id)
+def test_cuda_backward_past_128_with_mqa(dims):
+    """8 query heads over one KV head: the group's dK, dV summed over its 8 heads (and over the
+    tiles the group may be split across)."""
+    batch = make_batch(3600 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=8,
+                       kv_heads=1, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
+    check_against_reference(batch, causal=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dims", [(256, 256), (192, 128)], ids=_id)
+def test_cuda_backward_past_128_deterministic_repeats_bitwise(dims):
+    """deterministic=True on the wide kernel: out, dq, dk, dv bitwise the same from run to run (dq's
+    KV blocks summed in a fixed order), and matching the reference."""
+    batch = make_batch(3700 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=8,
+                       kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    check_against_reference(batch, deterministic=True)
+    runs = []
+    for _ in range(3):
+        q, k, v = batch.leaves()
+        out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, deterministic=True)
+        out.backward(batch.dout)
+        runs.append((out, q.grad, k.grad, v.grad))
+    for run in runs[1:]:
+        for name, got, first in zip(("out", "dq", "dk", "dv"), run, runs[0]):
+            assert torch.equal(got, first), f"{name} differs between deterministic runs"
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dims", [(192, 192), (256, 256), (192, 128)], ids=_id)
+def test_cuda_backend_says_hopper_for_the_backward_past_128(dims, dtype):
+    """jagflash.backend on real CUDA tensors: the Hopper kernels in both directions at 192 and 256;
+    with a score modifier the backward at 256 on the oracle, at 192 still refused (naming q's head
+    dim, or v's for 192 / 128)."""
+    batch = make_batch(3800, q_lengths=[3, 0, 70], kv_lengths=[5, 2, 64], heads=4, kv_heads=2, head_dim=dims[0],
+                       v_head_dim=dims[1], dtype=dtype, device="cuda")
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    for backward in (False, True):
+        assert jagflash.backend(*args, backward=backward) == "hopper"
+    if dims[0] == 256:
+        assert jagflash.backend(*args, softcap=5.0) == "hopper"
+        assert jagflash.backend(*args, backward=True, softcap=5.0) == "oracle"
+    else:
+        message = Q_HEAD_DIM.format(d=dims[0]) if dims[0] == dims[1] else V_OF_ITS_OWN.format(d=dims[0], dv=dims[1])
+        with pytest.raises(jagflash.UnsupportedError, match=message):
+            jagflash.backend(*args, backward=True, softcap=5.0)
 
 
 @needs_cuda

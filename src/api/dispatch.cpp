@@ -50,8 +50,8 @@ void require_oracle_image() {
 
 // A GPU call no Hopper kernel serves goes to the oracle, which has head dims 64, 128 and 256 only:
 // any other head dim is refused here, saying what serves it (the Hopper kernels: bf16/fp16 without a
-// score modifier, on a compute capability 9.0 GPU, forward up to 256, backward up to 128).
-void require_served_head_dim(const jf_problem& p, bool backward) {
+// score modifier, on a compute capability 9.0 GPU, either direction up to 256).
+void require_served_head_dim(const jf_problem& p) {
   const int32_t d = p.q.head_dim, dv = p.v.head_dim;
   // The oracle takes one head dim for q, k and v; the Hopper kernels (their padded ones) take a
   // narrower v, and the CPU reference any.
@@ -60,21 +60,20 @@ void require_served_head_dim(const jf_problem& p, bool backward) {
     e << "q's head dim (" << d << ") for this call on CUDA (a v head dim of its own, " << dv
       << " here, runs on the Hopper kernels on a compute capability 9.0 GPU with bf16/fp16, no score "
          "modifier, no block mask, not pooled, "
-      << (backward ? "the backward up to q head dim 128" : "the forward up to 256")
-      << "; otherwise on CPU tensors only so far)";
+      << "either direction; otherwise on CPU tensors only so far)";
     fail_argument("problem.v.head_dim", e.str(), dv, JF_ERR_UNSUPPORTED);
   }
   if (d == 64 || d == 128 || d == 256) return;
   std::ostringstream e;
   e << "64, 128 or 256 for this call on CUDA (head dim " << d << " runs on the Hopper kernels on a compute "
-    << "capability 9.0 GPU with bf16/fp16 and no score modifier, " << (backward ? "the backward" : "forward")
-    << (backward ? " up to head dim 128" : " up to 256") << "; otherwise on CPU tensors only so far)";
+    << "capability 9.0 GPU with bf16/fp16 and no score modifier, either direction; otherwise on CPU tensors "
+    << "only so far)";
   fail_argument("problem.q.head_dim", e.str(), d, JF_ERR_UNSUPPORTED);
 }
 
 // The oracle entry serving a GPU call, checked to be instantiated and runnable on this GPU.
-const oracle::Entry& oracle_for(const jf_problem& p, bool backward) {
-  require_served_head_dim(p, backward);
+const oracle::Entry& oracle_for(const jf_problem& p) {
+  require_served_head_dim(p);
   const oracle::Entry* e = oracle::find(p.dtype, p.q.head_dim);
   if (e == nullptr) {
     std::ostringstream given;
@@ -168,9 +167,9 @@ const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, con
           ? nullptr
           : kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr,
                                           p.v.head_dim),
-      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 128 for the backward (64 or "
-      "128 with a score modifier or a block mask; as instantiated in this build; head dim 256 is served by "
-      "the oracle)");
+      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 for the backward (64 or "
+      "128 with a score modifier or a block mask; as instantiated in this build; head dim 256 with a score "
+      "modifier is served by the oracle)");
 }
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
   return hopper_backward_for(a.problem, a.launch);
@@ -193,13 +192,12 @@ int32_t current_sm_count() {
 
 // How many tiles a query-head group is split over: from the shapes and the GPU alone, so the
 // workspace size and the call agree.
-int32_t backward_group_splits(const jf_bwd_args& a) {
+int32_t backward_group_splits(const jf_bwd_args& a, int block_n) {
   const jf_problem p = hopper_view(a.problem);
   const int32_t group = p.k.heads > 0 ? p.q.heads / p.k.heads : 1;
   if (group <= 1) return 1;
   const int64_t max_pairs =
-      schedule::DevicePlanLayout::make(0, p.batch_size, p.k.rows, p.q.rows, kernels::kBackwardBlockN,
-                                       kernels::kBackwardBlockM)
+      schedule::DevicePlanLayout::make(0, p.batch_size, p.k.rows, p.q.rows, block_n, kernels::kBackwardBlockM)
           .max_pairs;
   return kernels::backward_group_splits(max_pairs * p.k.heads, group, current_sm_count(),
                                         p.mask != JF_MASK_NONE, group_splits_knob());
@@ -223,19 +221,20 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   if (p.device != JF_DEVICE_CUDA) return w;
   w.hopper = hopper_backward_for(a);
   if (w.hopper == nullptr) {
-    require_served_head_dim(p, /*backward=*/true);
+    require_served_head_dim(p);
     w.layout = WorkspaceLayout::backward_gpu(p.q.heads, output_rows(p));
     w.bytes = w.layout.total_bytes;
     return w;
   }
-  // The dQ accumulator and the split partials keep the kernel's head dim (a padded one's too).
-  w.layout =
-      WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), kernels::kernel_head_dim(p.q.head_dim),
-                                       p.k.heads, p.k.rows, backward_group_splits(a));
+  // The dQ accumulator and the split partials keep the kernel's head dim (a padded one's too); the
+  // plan's KV blocks are the kernel's (64 keys in the wide one).
+  const int block_n = kernels::backward_block_n(w.hopper->head_dim);
+  w.layout = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), w.hopper->head_dim, p.k.heads,
+                                              p.k.rows, backward_group_splits(a, block_n));
   if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
-  w.plan = schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p),
-                                            kernels::kBackwardBlockN, kernels::kBackwardBlockM,
-                                            p.block_mask.blocks != nullptr);
+  w.plan =
+      schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p), block_n,
+                                       kernels::kBackwardBlockM, p.block_mask.blocks != nullptr);
   w.bytes = w.plan.total_bytes;
   return w;
 }
@@ -247,7 +246,7 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward)
   if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
   const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
   if (hopper) return JF_BACKEND_HOPPER;
-  oracle_for(p, backward);  // the call's own checks: head dim, instantiated, device code for this GPU
+  oracle_for(p);  // the call's own checks: head dim, instantiated, device code for this GPU
   return JF_BACKEND_ORACLE;
 }
 
@@ -255,7 +254,7 @@ size_t forward_workspace_size(const jf_fwd_args& a) {
   validate_forward_shapes(a);
   if (a.problem.device != JF_DEVICE_CUDA) return 0;
   if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
-  require_served_head_dim(a.problem, /*backward=*/false);
+  require_served_head_dim(a.problem);
   return WorkspaceLayout::forward_gpu().total_bytes;
 }
 
@@ -269,7 +268,7 @@ void run_forward(const jf_fwd_args& a) {
     return;
   }
   const kernels::HopperForwardEntry* hopper = hopper_forward_for(a);
-  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p, /*backward=*/false);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto stream = static_cast<cudaStream_t>(a.launch.stream);
@@ -301,7 +300,7 @@ void run_backward(const jf_bwd_args& a) {
     return;
   }
   const kernels::HopperBackwardEntry* hopper = work.hopper;
-  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p, /*backward=*/true);
+  const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
   const WorkspaceLayout& layout = work.layout;
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
   auto* delta = reinterpret_cast<float*>(workspace_at(a.launch, layout.delta_offset));

@@ -4,6 +4,7 @@
 #include "kernels/bwd/dq_writer.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/bwd/mainloop_bwd.cuh"
+#include "kernels/bwd/mainloop_bwd_wide.cuh"
 
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -67,7 +68,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegisters>();
-    Consumer<Traits>::run(p, smem, threadIdx.x - 128);
+    if constexpr (Config::kWide) {
+      ConsumerWide<Traits>::run(p, smem, threadIdx.x - 128);
+    } else {
+      Consumer<Traits>::run(p, smem, threadIdx.x - 128);
+    }
   }
 #endif
 }

@@ -97,7 +97,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   using Traits = KernelTraits<Config>;
   // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
   // dispatcher sizes the plan for this tile shape.
-  static_assert(Config::kBlockM == kBackwardBlockM && Config::kBlockN == kBackwardBlockN, "tile shape");
+  static_assert(Config::kBlockM == kBackwardBlockM && Config::kBlockN == backward_block_n(kHeadDim),
+                "tile shape");
   const jf_problem& pb = a.problem;
   const int32_t heads = pb.q.heads;
   // 1/sqrt of the caller's head dim (kHeadDim's but with kPadded).
@@ -115,7 +116,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     const char* v = bench_knob("JAGFLASH_BWD_POOLED_SUM");
     return v != nullptr && std::strcmp(v, "0") == 0;
   };
-  const bool pooled_dq_sum = pb.pooled_q_rows > 0 && pb.pooled_q_rows <= Config::kBlockM &&
+  // Not in the wide kernel (its dQ goes to its stage in parts).
+  const bool pooled_dq_sum = !Config::kWide && pb.pooled_q_rows > 0 && pb.pooled_q_rows <= Config::kBlockM &&
                              launch.dq_sems == nullptr && group == launch.group_splits && !sum_knob_off();
   // The accumulator starts at zero (with pooled_dq_sum only its first Q block of rows a head is
   // used); the semaphores too (deterministic mode).
@@ -156,7 +158,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   if (pb.k.rows > 0) {
     const MaskPolicy mask = MaskPolicy::from(pb.mask, pb.window_left, pb.window_right);
     // The plan lists (sequence, KV block) pairs: the forward's plan builder with the two sides
-    // swapped (KV blocks of 128 keys as its "q blocks", Q blocks of 64 rows as its "kv blocks").
+    // swapped (KV blocks of kBlockN keys as its "q blocks", Q blocks of 64 rows as its "kv blocks").
     const schedule::PlanKey key =
         schedule::plan_key({Config::kBlockN, Config::kBlockM}, pb.batch_size, pb.k.rows, pb.q.rows);
     // KV blocks first to last: under causal the first KV blocks are seen by the most Q blocks and

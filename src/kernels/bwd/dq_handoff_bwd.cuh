@@ -76,11 +76,23 @@ struct DqHandoff {
       open_head = h;
       return;
     }
-    const uint32_t dq_stage = uses % kDqStages;
+    store_dq_smem<StoreOffsets>(dq_frag, open_block_stage(smem, uses), fresh_consumer_thread());
+    close_block_stage(p, smem, t, h, m, row0, uses, thread, lane);
+  }
+
+  // A Q block's dQ stage (not pooled_dq_sum), taken in two halves by the wide kernels
+  // (mainloop_bwd_wide.cuh), which store their partial in parts between them: the stage's shared
+  // address, once the writer has released it;
+  __device__ __forceinline__ static uint32_t open_block_stage(SharedStorage<Traits>& smem, uint32_t uses) {
     wait_released(smem.dq_empty, RingPosition<kDqStages>{uses});
-    store_dq_smem<StoreOffsets>(dq_frag,
-                                cute::cast_smem_ptr_to_uint(smem.dq.data()) + dq_stage * kDqStageBytes,
-                                fresh_consumer_thread());
+    return cute::cast_smem_ptr_to_uint(smem.dq.data()) + (uses % kDqStages) * kDqStageBytes;
+  }
+  // then, with the partial stored, its target and the hand-over.
+  __device__ __forceinline__ static void close_block_stage(const Params<Traits>& p,
+                                                           SharedStorage<Traits>& smem, const TileInfo& t,
+                                                           int32_t h, int32_t m, int32_t row0, uint32_t uses,
+                                                           int thread, int lane) {
+    const uint32_t dq_stage = uses % kDqStages;
     if (thread == 0) {
       DqTarget target{};
       target.row = int64_t(h) * p.dq_rows + t.q_start + row0;

@@ -20,6 +20,7 @@
 #include <cute/tensor.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace jagflash::kernels::bwd {
 
@@ -46,8 +47,12 @@ struct KernelTraits {
   using HeadDim = Int<kHeadDim>;
   using WgKeys = Int<Config::kKeysPerWarpgroup>;
 
-  // Q, dO, K, V: head dim contiguous, 128-byte swizzle (the wgmma-native K-major layout).
-  using SmemAtomK = decltype(GMMA::Layout_K_SW128_Atom<Element>{});
+  // Q, dO, K, V: head dim contiguous, 128-byte swizzle (the wgmma-native K-major layout); at
+  // D = 192 the wide kernel's warpgroups take 96 columns each of dO^T, Q^T and K^T, which cut a
+  // 128-byte atom (64 columns) in two: there 64-byte atoms (32 columns), as the D = 96 forward.
+  using SmemAtomK = std::conditional_t<Config::kWide && (kHeadDim / 2) % 64 != 0,
+                                       decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
+                                       decltype(GMMA::Layout_K_SW128_Atom<Element>{})>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim, Int<kStages>>{}));
   using SmemLayoutQStage = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim>{}));  // the TMA box
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockN, HeadDim>{}));
@@ -65,18 +70,41 @@ struct KernelTraits {
 
   // S^T = K Q^T and dP^T = V dO^T: the warpgroups stacked along M (keys), 64 keys x 64 rows each.
   using WgAlongM = Layout<Shape<_2, _1, _1>>;
-  using TiledMmaSdP = decltype(make_tiled_mma(
+  using TiledMmaSdPSplit = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, BlockM, HeadDim>>(), WgAlongM{}));
   // dV += P^T dO and dK += dS^T Q: A from registers (P^T, dS^T), B = dO^T, Q^T (MN-major).
-  using TiledMmaDkv =
+  using TiledMmaDkvSplit =
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               WgAlongM{}));
   // dQ = dS K: the Q block's 64 rows x D over all 128 keys; the two warpgroups split the head dim.
-  using TiledMmaDq = decltype(make_tiled_mma(
+  using TiledMmaDqSplit = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>, GMMA::Major::MN,
                            GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
+
+  // The wide tile (Config::kWide, mainloop_bwd_wide.cuh): S^T and dP^T of all 64 keys x 64 rows
+  // in each warpgroup (a one-warpgroup MMA, sliced at the thread's index in its warpgroup); dV
+  // and dK with the warpgroups along N (each one half of the head dim, A its own P^T, dS^T); dQ
+  // in kDqParts parts of 2 x kDqPartCols columns, each warpgroup kDqPartCols of a part (64 at
+  // D = 256, so that dQ takes 32 registers a thread as in the 128 kernel; at 192 one part of 96).
+  static constexpr bool kWide = Config::kWide;
+  static constexpr int kDqPartCols = kHeadDim == 256 ? 64 : kHeadDim / 2;
+  static constexpr int kDqParts = kHeadDim / (2 * kDqPartCols);
+  using TiledMmaSdPWide =
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, BlockM, HeadDim>>(),
+                              Layout<Shape<_1, _1, _1>>{}));
+  using TiledMmaDkvWide = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, Int<kHeadDim / 2>, BlockM>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmaDqWide = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kDqPartCols>, BlockN>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmaSdP = std::conditional_t<kWide, TiledMmaSdPWide, TiledMmaSdPSplit>;
+  using TiledMmaDkv = std::conditional_t<kWide, TiledMmaDkvWide, TiledMmaDkvSplit>;
+  using TiledMmaDq = std::conditional_t<kWide, TiledMmaDqWide, TiledMmaDqSplit>;
 
   // Global tensors as TMA sees them: (rows, head dim, heads), strides from the caller.
   using GmemLayout = Layout<Shape<int32_t, HeadDim, int32_t>, Stride<int64_t, _1, int64_t>>;

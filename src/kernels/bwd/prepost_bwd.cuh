@@ -37,7 +37,13 @@ struct PreprocessParams {
 // division per item read O and dO at 2.3 TB/s, about half the memory's rate.
 template <int kHeadDim>
 struct PreprocessShape {
-  static constexpr int kLanesPerRow = kHeadDim / 8;
+  // A row's 16-byte chunks; the lanes a row, a power of two (the shuffle reduction's): at D = 192
+  // 32 lanes for 24 chunks, the last 8 idle (kIdleLanes).
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kLanesPerRow = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr bool kIdleLanes = kLanesPerRow != kChunks;
+  static_assert(kChunks <= 32 && (kChunks == 8 || kChunks == 16 || kChunks == 24 || kChunks == 32),
+                "head dims 64, 128, 192, 256");
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerCta = kThreads / kLanesPerRow;
   // CTA c serves rows [kRowsPerCta (c / H), ...) of head c % H: consecutive CTAs read one row
@@ -65,7 +71,8 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
     const int64_t row = Shape::thread_row(cta, p.num_heads);
     float sum = 0.f;
-    if (row < p.total_q && (!kPadded || sub < p.head_dim_chunks)) {
+    if (row < p.total_q && (!kPadded || sub < p.head_dim_chunks) &&
+        (!Shape::kIdleLanes || sub < Shape::kChunks)) {
       const uint4 o = *reinterpret_cast<const uint4*>(
           static_cast<const Element*>(p.out) + row * p.out_row_stride + h * p.out_head_stride + sub * 8);
       const uint4 d = *reinterpret_cast<const uint4*>(
@@ -137,7 +144,9 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_q, p.num_heads); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads);
     const int64_t row = Shape::thread_row(cta, p.num_heads);
-    if (row >= p.total_q || (kPadded && chunk >= p.head_dim_chunks)) continue;
+    if (row >= p.total_q || (kPadded && chunk >= p.head_dim_chunks) ||
+        (Shape::kIdleLanes && chunk >= Shape::kChunks))
+      continue;
     const float* head_rows = p.dq_accum + int64_t(h) * p.dq_rows * kHeadDim + chunk * 8;
     const uint4 packed =
         sum8_strided<Element>(head_rows + row * kHeadDim, p.sum_count, p.sum_stride * kHeadDim, p.scale);
@@ -173,7 +182,9 @@ __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
   for (int64_t cta = blockIdx.x; cta < Shape::ctas(p.total_kv, p.num_heads_kv); cta += gridDim.x) {
     const int32_t h = static_cast<int32_t>(cta % p.num_heads_kv);
     const int64_t row = Shape::thread_row(cta, p.num_heads_kv);
-    if (row >= p.total_kv || (kPadded && chunk >= p.head_dim_chunks)) continue;
+    if (row >= p.total_kv || (kPadded && chunk >= p.head_dim_chunks) ||
+        (Shape::kIdleLanes && chunk >= Shape::kChunks))
+      continue;
     const int64_t at = (row * p.num_heads_kv + h) * kHeadDim + chunk * 8;
     *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk) + row * p.dk_row_stride + h * p.dk_head_stride +
                               chunk * 8) =

@@ -32,14 +32,26 @@ struct TileConfig {
   static constexpr jf_score_mod kScoreMod = kScoreMod_;
   static constexpr bool kPaddedHeadDim = kPaddedHeadDim_;
   static constexpr bool kBlockSparse = kBlockSparse_;
+  // The wide kernels (head dims 192 and 256; mainloop_bwd_wide.cuh): 64 x D fp32 of dK and of dV no
+  // longer fit one warpgroup's registers, and 128 keys of K and V not beside a Q/dO stage and a
+  // dQ stage in shared memory. A tile holds 64 keys; both warpgroups compute S^T and dP^T of all
+  // of them (64 keys x 64 rows, the same fragment shape as the 128 kernel's) and each owns one
+  // half of the head dim of dK, dV and dQ. S^T and dP^T are computed twice (1.4x the GEMM work of
+  // one pass), but no P or dS crosses between the warpgroups and each keeps the register shape
+  // of the 128 kernel (dK, dV: 64 keys x 128 columns; dQ in 64-column parts).
+  static constexpr bool kWide = kHeadDim > 128;
   static constexpr int kBlockM = 64;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kKeysPerWarpgroup = kBlockN / kConsumerWarpgroups;
+  static constexpr int kKeysPerWarpgroup = kWide ? kBlockN : kBlockN / kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kStages = 2;
-  static constexpr int kDsBuffers = 2;
-  static constexpr int kDqStages = 2;
+  // Shared memory of the wide tile at D = 256: K 32 + V 32 + one Q and one dO stage 64 + the dS
+  // buffers 32 (each warpgroup's own dS, 8 KB, and its dK/dV staging, 16 KB) + one fp32 dQ stage
+  // 64 = 224 KB of the 227; at 192 two Q/dO stages fit (24 + 24 + 96 + 32 + 48), its operands in
+  // 64-byte swizzle atoms (kernel_traits_bwd.cuh: a warpgroup's 96 columns are whole atoms).
+  static constexpr int kStages = kHeadDim == 256 ? 1 : 2;
+  static constexpr int kDsBuffers = kWide ? 4 : 2;
+  static constexpr int kDqStages = kWide ? 1 : 2;
 
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kQBytes = kBlockM * kHeadDim * int(sizeof(Element));
@@ -54,7 +66,8 @@ struct TileConfig {
   static constexpr int kProducerRegisters = kHeadDim == 64 ? 72 : 24;
   static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : 240;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward serves head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "the Hopper backward serves head dims 64, 128, 192 and 256");
   static_assert(!kBlockSparse || (JF_BLOCK_MASK_BLOCK % kBlockM == 0 && JF_BLOCK_MASK_BLOCK % kBlockN == 0),
                 "a block-sparse map's blocks hold whole tiles");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 168 * kThreads,

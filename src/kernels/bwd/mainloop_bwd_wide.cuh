@@ -1,0 +1,241 @@
+// The wide backward's consumers (head dims 192 and 256; TileConfig::kWide): two warpgroups on a
+// tile of 64 keys, beside the same loading thread (loader_bwd.cuh) and dQ writer (dq_writer.cuh)
+// as the 64/128 kernels. Per Q block each warpgroup computes S^T = K Q^T and dP^T = V dO^T of all
+// 64 keys x 64 rows (both compute them: no P or dS crosses between the warpgroups), P^T and dS^T
+// in registers (step_bwd.cuh, the 128 kernel's fragment shape), its dS into its own dS buffer,
+// then for its half of the head dim: dV += P^T dO, dK += dS^T Q (A from registers) and dQ = dS K
+// in parts of kDqPartCols columns into the dQ stage (dq_handoff_bwd.cuh). dK and dV are stored at
+// the tile's end through the warpgroup's dS buffers (epilogue_bwd_wide.cuh).
+#pragma once
+
+#include "kernels/bwd/dq_handoff_bwd.cuh"
+#include "kernels/bwd/epilogue_bwd_wide.cuh"
+#include "kernels/bwd/kernel_traits_bwd.cuh"
+#include "kernels/bwd/loader_bwd.cuh"
+#include "kernels/bwd/scheduler_bwd.cuh"
+#include "kernels/bwd/smem_stores_bwd.cuh"
+#include "kernels/bwd/step_bwd.cuh"
+#include "kernels/common/accumulator.cuh"
+#include "kernels/common/ring.cuh"
+#include "kernels/common/warpgroup_gemm.cuh"
+
+#include <cutlass/arch/barrier.h>
+#include <cute/tensor.hpp>
+
+namespace jagflash::kernels::bwd {
+
+using namespace cute;
+
+template <class Traits>
+struct ConsumerWide {
+  using Element = typename Traits::Element;
+  using BlockM = typename Traits::BlockM;
+  using BlockN = typename Traits::BlockN;
+  using HeadDim = typename Traits::HeadDim;
+  static constexpr int kStages = Traits::kStages;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kDqPartCols = Traits::kDqPartCols;
+  static constexpr int kDqParts = Traits::kDqParts;
+  // dS of a warpgroup (64 rows x 64 keys) in its buffer 2 wg by the 128 kernel's stmatrix offsets,
+  // given the thread's index in its warpgroup; a dQ part's stores by the 128 kernel's offsets for
+  // a (64 x 2 kDqPartCols) stage, from the part's first box.
+  using DsOffsets = SmemStoreOffsets<kBlockM, Traits::kHeadDim, 64>;
+  using DqOffsets = SmemStoreOffsets<kBlockM, 2 * kDqPartCols, 64>;
+  static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
+  static constexpr uint32_t kDqPartBytes = (2 * kDqPartCols / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+  static_assert(Traits::kWide && kBlockN == 64 && Traits::WgKeys::value == 64 && Traits::kDsBuffers == 4 &&
+                    2 * kDsBufferBytes == WideDkvStaging<Traits::kHeadDim, int(sizeof(Element))>::kBytes,
+                "the wide tile: 64 keys, each warpgroup two dS buffers (its dS, its dK/dV staging)");
+
+  // thread: index among the 256 consumer threads (warpgroup 0 owns the first half of the head dim).
+  __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
+    // A wgmma's operands are partitioned by warpgroup only: the slices are taken at the
+    // warpgroup's first thread, read through a shuffle so that ptxas sees a warp-uniform value and
+    // builds the shared-memory descriptors in uniform registers (taken at `thread`, the D = 256
+    // S^T and dP^T GEMMs' 64 descriptors went to per-thread registers and spilled: 263 LDL/STL).
+    const int wg = __shfl_sync(0xffffffffu, thread / 128, 0);
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmaDkv mma_dkv;
+    typename Traits::TiledMmaDq mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(0);  // one warpgroup's MMA, in each warpgroup
+    auto thr_dkv = mma_dkv.get_thread_slice(wg * 128);
+    auto thr_dq = mma_dq.get_thread_slice(wg * 128);
+
+    // Descriptors built right before each GEMM from a base the compiler must reload (as in
+    // mainloop_bwd.cuh: kept across the loop they spill).
+    auto fresh_smem = [&]() -> SharedStorage<Traits>& {
+      SharedStorage<Traits>* s = &smem;
+      asm volatile("" : "+l"(s));
+      return *s;
+    };
+    auto sQ = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQ{});
+    };
+    auto sDo = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQ{});
+    };
+    auto sQt = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQt{});
+    };
+    auto sDot = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQt{});
+    };
+    auto sK = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutK{});
+    };
+    auto sV = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().v.data()), typename Traits::SmemLayoutK{});
+    };
+    auto sKt = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutKt{});
+    };
+    auto sDs = [&] {
+      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDs{});
+    };
+
+    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+    Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+    Tensor s_rc = make_tensor(tSrS.data(), common::rowcol_layout(tSrS.layout()));
+    Tensor dp_rc = make_tensor(tSrDp.data(), common::rowcol_layout(tSrDp.layout()));
+    Tensor tPrP = make_tensor_like<Element>(tSrS);
+    Tensor tPrP_a = make_tensor(tPrP.data(), common::acc_as_a_operand_layout(tPrP.layout()));
+    Tensor tDsrDs = make_tensor_like<Element>(tSrS);
+    Tensor tDsrDs_a = make_tensor(tDsrDs.data(), common::acc_as_a_operand_layout(tDsrDs.layout()));
+    // This warpgroup's half of dV and dK (64 keys x D/2), and one dQ part (64 rows x kDqPartCols).
+    Tensor tDVrDV = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
+    Tensor tDKrDK = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
+    Tensor tDQrDQ = partition_fragment_C(mma_dq, Shape<BlockM, Int<2 * kDqPartCols>>{});
+    using Math = StepMath<Traits>;
+    [[maybe_unused]] typename Math::Dscore dscore;
+    const AccumulatorCoords coords(thread % 128);  // S^T's keys and rows, as in one warpgroup
+    const int lane = thread % 32;
+    uint32_t uses = 0;  // Q blocks consumed: the Q/dO ring's and the dQ ring's position
+    constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
+
+    auto issue_s_dp = [&](RingPosition<kStages> q_at) {  // S^T = K Q^T, dP^T = V dO^T, in flight
+      wait_full(smem.q_full, q_at);
+      warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+          mma_sdp, thr_sdp.partition_fragment_A(sK()),
+          thr_sdp.partition_fragment_B(sQ())(_, _, _, q_at.stage()), tSrS);
+      wait_full(smem.do_full, q_at);
+      warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+          mma_sdp, thr_sdp.partition_fragment_A(sV()),
+          thr_sdp.partition_fragment_B(sDo())(_, _, _, q_at.stage()), tSrDp);
+    };
+    auto issue_dq = [&](int part) {  // dQ's columns [part x 2 kDqPartCols, +2 kDqPartCols) = dS K
+      Tensor k_part = local_tile(sKt(), Shape<Int<2 * kDqPartCols>, BlockN>{}, make_coord(part, _0{}));
+      warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
+          mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, 2 * wg), thr_dq.partition_fragment_B(k_part),
+          tDQrDQ);
+    };
+    auto issue_dv = [&](uint32_t stage) {  // dV += P^T dO (this warpgroup's half of dO's columns)
+      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+    };
+    auto issue_dk = [&](uint32_t stage) {  // dK += dS^T Q
+      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
+          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
+    };
+    auto store_dq_part = [&](uint32_t dq_stage, int part) {
+      warpgroup_fence_operand(tDQrDQ);
+      store_dq_smem<DqOffsets>(tDQrDQ, dq_stage + part * kDqPartBytes, fresh_consumer_thread());
+    };
+
+    auto step = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t i, int32_t m) {
+      const RingPosition<kStages> q_at{uses};
+      const uint32_t stage = q_at.stage();
+      const int32_t row0 = m * kBlockM;
+      const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
+      issue_s_dp(q_at);
+      const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
+      const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
+      const float* delta_c = smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
+      Math::scores_to_p(s_rc, dscore, p, t, h, row0, key0, coords, lse_c);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrDp);
+      if (last_dp) {  // the tile's last dP GEMM has read V: the next tile's may load
+        __syncwarp();
+        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
+      }
+      Math::ds_from_dp(dp_rc, s_rc, dscore, p, lse_c, delta_c);
+#pragma unroll
+      for (int e = 0; e < size(tSrS); ++e) {
+        tPrP(e) = static_cast<Element>(tSrS(e));
+        tDsrDs(e) = static_cast<Element>(tSrDp(e));
+      }
+      // dS into this warpgroup's own buffer (its previous dQ GEMMs are done: waited below).
+      store_ds_smem<DsOffsets>(tDsrDs, cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * wg * kDsBufferBytes,
+                               fresh_consumer_thread() % 128);
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(128, 3 + wg);  // the warpgroup's dS is in shared memory
+      // With one Q/dO stage the next Q block loads only once this one's are free: dK (the last
+      // reader of Q) first and dV (of dO) next, each released as soon as it is done, so the
+      // loads run under the dQ GEMMs.
+      issue_dk(stage);
+      issue_dv(stage);
+      issue_dq(0);
+      warpgroup_wait<2>();  // dK is done: Q is free
+      warpgroup_fence_operand(tDKrDK);
+      warpgroup_fence_operand(tDsrDs);
+      __syncwarp();
+      if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[stage]);
+      warpgroup_wait<1>();  // dV is done: dO is free
+      warpgroup_fence_operand(tDVrDV);
+      warpgroup_fence_operand(tPrP);
+      __syncwarp();
+      if (lane == 0) ArrivalBarrier::arrive(&smem.do_empty[stage]);
+      warpgroup_wait<0>();  // dQ's first part
+      const uint32_t dq_stage = DqHandoff<Traits>::open_block_stage(smem, uses);
+      store_dq_part(dq_stage, 0);
+#pragma unroll
+      for (int part = 1; part < kDqParts; ++part) {
+        issue_dq(part);
+        warpgroup_wait<0>();
+        store_dq_part(dq_stage, part);
+      }
+      DqHandoff<Traits>::close_block_stage(p, smem, t, h, m, row0, uses, thread, lane);
+      ++uses;
+    };
+
+    DqHandoff<Traits> dq_handoff;  // for finish(): the wide kernels never take pooled_dq_sum
+    for (uint32_t round = 0;; ++round) {
+      const uint32_t slot = round % kSlots;
+      wait_full(smem.tile_full, RingPosition<kSlots>{round});
+      if (!smem.has_tile[slot]) {
+        dq_handoff.finish(p, smem, uses, thread, lane);
+        return;
+      }
+      const TileInfo& t = smem.tile[slot];
+      wait_full(&smem.k_full, RingPosition<1>{round});
+      wait_full(&smem.v_full, RingPosition<1>{round});
+      clear(tDVrDV);
+      clear(tDKrDK);
+      const int32_t key0 = t.n_block * kBlockN;
+      for (int32_t h = t.head_lo; h < t.head_end; ++h) {
+        for (int32_t i = t.m_lo; i <= t.m_hi; ++i) {
+          const int32_t m = rotated_q_block(t, i);
+          if (q_block_visible(p, t, m)) step(t, key0, h, i, m);
+        }
+      }
+      // The tile's last dQ GEMM has read K (and its last dP GEMM V, freed there unless the tile
+      // had no Q block or a block-sparse map).
+      __syncwarp();
+      if (lane == 0) {
+        if (Traits::kBlockSparse || t.m_lo > t.m_hi) ArrivalBarrier::arrive(&smem.v_empty);
+        ArrivalBarrier::arrive(&smem.k_empty);
+      }
+      // The staging addresses from a thread index read afresh (from `thread`, ptxas kept the 64
+      // of them across the loop, in local memory).
+      const int epilogue_thread = fresh_consumer_thread();
+      store_dkdv_wide<Traits>(
+          p, t, tDKrDK, tDVrDV,
+          cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * (epilogue_thread / 128) * kDsBufferBytes,
+          epilogue_thread);
+      __syncwarp();
+      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);
+    }
+  }
+};
+
+}  // namespace jagflash::kernels::bwd
