@@ -94,6 +94,39 @@ TEST(CApi, CpuForwardBackwardMatchReferenceAndClearError) {
   for (int d = 0; d < 64; ++d) EXPECT_EQ(call.out.get(row, 0, d), call.batch.v.get(key, 0, d));
 }
 
+// jagflash_query_kernel on the CPU: the reference, at q's head dim (v's narrower or not); it fails
+// as jagflash_query_backend does, naming a NULL kernel_head_dim, and writes nothing then. (Which
+// Hopper kernel serves a GPU call: tests/test_gpu_backend.cpp.)
+TEST(CApi, KernelQueryOnTheCpu) {
+  CpuCall call(3);
+  for (jf_direction d : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD})
+    for (int32_t head_dim : {8, 80, 192, 256}) {
+      jf_problem p = call.fwd.problem;
+      p.q.head_dim = p.k.head_dim = head_dim;
+      p.v.head_dim = 8;
+      p.q.head_stride = p.k.head_stride = p.v.head_stride = head_dim;
+      p.q.row_stride = 4 * head_dim;
+      p.k.row_stride = p.v.row_stride = 2 * head_dim;
+      jf_launch l{};
+      jf_backend served = JF_BACKEND_HOPPER;
+      int32_t kernel = -1;
+      ASSERT_EQ(jagflash_query_kernel(&p, &l, d, &served, &kernel), JF_OK) << jagflash_last_error();
+      EXPECT_EQ(served, JF_BACKEND_REFERENCE);
+      EXPECT_EQ(kernel, head_dim);
+    }
+  jf_launch l{};
+  jf_backend served = JF_BACKEND_AUTO;
+  int32_t kernel = -1;
+  EXPECT_EQ(jagflash_query_kernel(&call.fwd.problem, &l, JF_DIRECTION_FORWARD, &served, nullptr),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("kernel_head_dim"), std::string::npos);
+  jf_problem bad = call.fwd.problem;
+  bad.q.head_dim = 100;
+  EXPECT_EQ(jagflash_query_kernel(&bad, &l, JF_DIRECTION_BACKWARD, &served, &kernel), JF_ERR_UNSUPPORTED);
+  EXPECT_EQ(served, JF_BACKEND_AUTO);
+  EXPECT_EQ(kernel, -1);
+}
+
 // jagflash_query_backend on the CPU: the reference serves every CPU call, in both directions and
 // for every dtype / head dim (v's too, at or below q's); the query checks the problem and the launch as the
 // calls do, and a failed query leaves *served alone. (The GPU half is tests/test_gpu_backend.cpp.)

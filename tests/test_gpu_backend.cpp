@@ -117,5 +117,44 @@ TEST(GpuBackend, QueryNamesWhatServesEachCallAndTheCallsAgree) {
     }
 }
 
+// jagflash_query_kernel: the head dim of the kernel that serves a call (on an sm_90 GPU the
+// narrowest Hopper kernel at or above it per direction; elsewhere the oracle at q's own).
+TEST(GpuBackend, KernelQueryNamesTheKernelThatServes) {
+  const bool hopper_gpu = compute_capability() == 90 && !JAGFLASH_TEST_PTX_ONLY;
+  struct Case {
+    int d, dv;
+    jf_direction dir;
+    int hopper_kernel;
+  } cases[] = {
+      {64, 64, JF_DIRECTION_FORWARD, 64},     {80, 80, JF_DIRECTION_FORWARD, 96},
+      {80, 80, JF_DIRECTION_BACKWARD, 128},   {160, 160, JF_DIRECTION_FORWARD, 256},
+      {160, 160, JF_DIRECTION_BACKWARD, 192}, {192, 192, JF_DIRECTION_BACKWARD, 192},
+      {192, 128, JF_DIRECTION_BACKWARD, 192}, {200, 200, JF_DIRECTION_BACKWARD, 256},
+      {256, 256, JF_DIRECTION_BACKWARD, 256}, {256, 256, JF_DIRECTION_FORWARD, 256},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("D=" + std::to_string(c.d) + " Dv=" + std::to_string(c.dv) +
+                 " dir=" + std::to_string(c.dir));
+    BatchSpec s = small_spec(JF_BF16, c.d);
+    s.v_head_dim = c.dv;
+    GpuBatch g = testing::make_gpu_batch(s);
+    jf_problem p = g.problem();
+    jf_launch l{};
+    jf_backend served = JF_BACKEND_AUTO;
+    int32_t kernel = 0;
+    const jf_status st = jagflash_query_kernel(&p, &l, c.dir, &served, &kernel);
+    if (!hopper_gpu) {  // the oracle: 64/128/256 with v's the same only
+      if (st == JF_OK) {
+        EXPECT_EQ(served, JF_BACKEND_ORACLE);
+        EXPECT_EQ(kernel, c.d);
+      }
+      continue;
+    }
+    ASSERT_EQ(st, JF_OK) << jagflash_last_error();
+    EXPECT_EQ(served, JF_BACKEND_HOPPER);
+    EXPECT_EQ(kernel, c.hopper_kernel);
+  }
+}
+
 }  // namespace
 }  // namespace jagflash

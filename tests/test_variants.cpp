@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <initializer_list>
 
 namespace jagflash {
@@ -293,6 +295,14 @@ TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
 // 72-96 without a modifier or a map, padded below 96 or with a narrower v), the backward the next
 // of 64, 128, 256 up. A build without the D = 96 forward (JAGFLASH_FORWARD_HEAD_DIMS empty) serves
 // 72-96 with the 128 kernel instead; one without Hopper kernels has no entries at all.
+// The Hopper dtypes this build has (JAGFLASH_HOPPER_DTYPES: bf16 alone in the CPU-only CI build).
+std::vector<jf_dtype> built_hopper_dtypes() {
+  std::vector<jf_dtype> built;
+  for (jf_dtype dt : {JF_BF16, JF_FP16})
+    if (kernels::find_hopper_forward(dt, 128, JF_SCORE_MOD_NONE) != nullptr) built.push_back(dt);
+  return built;
+}
+
 TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
   if (kernels::find_hopper_forward(JF_BF16, 128, JF_SCORE_MOD_NONE) == nullptr)
     GTEST_SKIP() << "a build without the Hopper kernels (JAGFLASH_PTX_ONLY or no sm_90a)";
@@ -317,7 +327,7 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
       {80, 0, JF_SCORE_MOD_ALIBI, 0, false},      {36, 0, JF_SCORE_MOD_NONE, 0, false},
       {264, 0, JF_SCORE_MOD_NONE, 0, false},
   };
-  for (jf_dtype dt : {JF_BF16, JF_FP16})
+  for (jf_dtype dt : built_hopper_dtypes())
     for (const Case& c : cases) {
       SCOPED_TRACE(testing::Message()
                    << "D=" << c.d << " Dv=" << c.dv << " mod=" << c.mod << " dtype=" << dt);
@@ -341,20 +351,26 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
     EXPECT_EQ(b->head_dim, 128) << d;
     EXPECT_TRUE(b->padded) << d;
   }
-  // Past 128 the backward's wide kernel (256, 64-key tiles): its own at 256, padded for 136-248 and
-  // for a narrower v (DeepSeek's 192 / 128); not with a score modifier or a block-sparse map.
-  for (jf_dtype dt : {JF_BF16, JF_FP16})
+  // Past 128 the backward's wide kernels (64-key tiles): 192 (a backward-only head dim) for
+  // 136-192, padded below it and for a narrower v (DeepSeek's 192 / 128), 256 for 200-256; not with
+  // a score modifier or a block-sparse map.
+  for (jf_dtype dt : built_hopper_dtypes())
     for (int d = 136; d <= 256; d += 8) {
       const auto* b = kernels::find_hopper_backward(dt, d, JF_SCORE_MOD_NONE);
       ASSERT_NE(b, nullptr) << d;
-      EXPECT_EQ(b->head_dim, 256) << d;
-      EXPECT_EQ(b->padded, d != 256) << d;
+      const int want = d <= 192 ? 192 : 256;
+      EXPECT_EQ(b->head_dim, want) << d;
+      EXPECT_EQ(b->padded, d != want) << d;
       EXPECT_EQ(kernels::backward_block_n(b->head_dim), 64) << d;
     }
   const auto* deepseek = kernels::find_hopper_backward(JF_BF16, 192, JF_SCORE_MOD_NONE, false, 128);
   ASSERT_NE(deepseek, nullptr);
-  EXPECT_EQ(deepseek->head_dim, 256);
+  EXPECT_EQ(deepseek->head_dim, 192);
   EXPECT_TRUE(deepseek->padded);
+  // The forward has no 192 kernel: 192 runs the 256 one, padded.
+  const auto* forward192 = kernels::find_hopper_forward(JF_BF16, 192, JF_SCORE_MOD_NONE);
+  ASSERT_NE(forward192, nullptr);
+  EXPECT_EQ(forward192->head_dim, 256);
   EXPECT_TRUE(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, false, 128)->padded);
   EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_SOFTCAP), nullptr);
   EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, true), nullptr);

@@ -133,8 +133,8 @@ typedef struct jf_block_mask {
 typedef enum jf_offsets_check { JF_CHECK_OFFSETS_HOST = 0, JF_CHECK_OFFSETS_DEVICE = 1 } jf_offsets_check;
 
 /* Which implementation runs. AUTO: the CPU reference for CPU pointers; on the GPU the Hopper
- * kernel where it serves the call (compute capability 9.0, bf16/fp16; forward: head dim
- * 64/128/256, backward: head dim 64/128; pooled problems too), else the oracle.
+ * kernel where it serves the call (compute capability 9.0, bf16/fp16; head dims up to 256 in
+ * either direction (below 64, 128, 192 and 256 padded); pooled problems too), else the oracle.
  * jagflash_query_backend says which one a call runs. */
 typedef enum jf_backend {
   JF_BACKEND_AUTO = 0,
@@ -262,7 +262,7 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  * resolves it (both run the same choice), so a call that returned JF_OK was served by *served.
  *   JF_BACKEND_REFERENCE  CPU pointers (every head dim pair validation accepts).
  *   JF_BACKEND_HOPPER     fast path: compute capability 9.0 (H100, H200, GH200), bf16/fp16,
- *                         head dim up to 256 (backward: up to 128; with a score modifier
+ *                         head dim up to 256, either direction (with a score modifier
  *                         64/128/256, backward 64/128), in a build with sm_90a.
  *   JF_BACKEND_ORACLE     slow path (fp32 on CUDA cores, correct, one to two orders of magnitude
  *                         slower): every other GPU call at head dim 64/128/256 (v's the
@@ -273,12 +273,20 @@ typedef enum jf_direction { JF_DIRECTION_FORWARD = 0, JF_DIRECTION_BACKWARD = 1 
  * Checks `problem` and `launch` as the calls do (not the outputs, the offsets' values, the
  * workspace or the stream; launch->workspace may be NULL) and fails where the call would fail for
  * them: JF_ERR_UNSUPPORTED when no path serves it: on CUDA a v head dim of its own that the Hopper
- * forward does not take (naming problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper
+ * kernels do not take (naming problem.v.head_dim) or a head dim other than 64, 128 or 256 that the Hopper
  * kernels do not take for this call (naming problem.q.head_dim), a dtype/head dim this build does not
  * instantiate, JF_BACKEND_HOPPER where it cannot serve, and a GPU this build has no device code for (older
  * than compute capability 8.0). Reads no device memory and does not sync. */
 jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
                                  jf_backend* served);
+
+/* jagflash_query_backend's answer and the head dim of the kernel that serves the call: on the
+ * Hopper kernels the kernel's own (the call's head dim or, padded, the next kernel up: 80 runs the
+ * forward of 96 and the backward of 128, 160 the backward of 192, 200 that of 256); on the oracle
+ * and the reference q's head dim. Fails as jagflash_query_backend does (kernel_head_dim non-NULL
+ * too), writing nothing then. */
+jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
+                                jf_backend* served, int32_t* kernel_head_dim);
 
 /* "auto", "reference", "oracle" or "hopper"; "unknown" for any other value. */
 const char* jagflash_backend_name(jf_backend backend);

@@ -62,6 +62,39 @@ def name(served: int) -> str:
     return _NAMES.get(served, f"unknown ({served})")
 
 
+@functools.lru_cache(maxsize=None)
+def _query_kernel_fn(lib: ctypes.CDLL) -> Any:
+    p = ctypes.POINTER
+    fn = lib.jagflash_query_kernel
+    fn.argtypes = [p(_capi.Problem), p(_capi.Launch), _capi.c_enum, p(_capi.c_enum), p(ctypes.c_int32)]
+    fn.restype = _capi.c_enum
+    return fn
+
+
+def query_kernel(problem: _capi.Problem, launch: _capi.Launch, direction: int) -> Tuple[int, int]:
+    """jagflash_query_kernel: (the jf_backend a call of `direction` runs, the head dim of the kernel
+    that serves it); raises as the call would."""
+    lib = _lib.lib()
+    served, kernel = _capi.c_enum(0), ctypes.c_int32(0)
+    _errors.check(_query_kernel_fn(lib)(ctypes.byref(problem), ctypes.byref(launch), direction,
+                                        ctypes.byref(served), ctypes.byref(kernel)), lib)
+    return served.value, kernel.value
+
+
+class Backend(str):
+    """What jagflash.backend returns: the path's name ("hopper", "oracle", "reference"), a plain str
+    for every comparison, with the head dim of the kernel that serves the call as kernel_head_dim
+    (on the Hopper kernels the narrowest at or above the call's head dim, per direction: 80 runs
+    the forward of 96 and the backward of 128; on the oracle and the reference the call's own)."""
+
+    kernel_head_dim: int
+
+    def __new__(cls, name: str, kernel_head_dim: int) -> "Backend":
+        self = super().__new__(cls, name)
+        self.kernel_head_dim = kernel_head_dim
+        return self
+
+
 # What served each (direction, dtype, head dim, device, pooled, block mask) so far: the choice depends on
 # nothing else (launch.backend is always AUTO here), so a call asks the library once per key, not every time.
 _served: Dict[Tuple[int, int, int, int, bool, bool], int] = {}

@@ -620,7 +620,7 @@ def pooled_attention(
 def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
             backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
             block_mask: Optional[BlockMask] = None, score_mod: Optional[str] = None,
-            score_mod_table: Optional[Tensor] = None) -> str:
+            score_mod_table: Optional[Tensor] = None) -> "_backend.Backend":
     """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
@@ -628,7 +628,10 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     head dims on that device for this call: on CUDA a v head dim of its own off the Hopper kernels,
     or one other than 64, 128 or 256 that the Hopper kernels do not take: fp32, a score modifier
     or a block mask). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
-    values are not read)."""
+    values are not read). The answer is a str with one attribute more, kernel_head_dim: the head
+    dim of the kernel that serves the call (on the Hopper kernels the narrowest at or above q's,
+    per direction: D = 80 runs the forward of 96 and the backward of 128, D = 160 the forward of 256
+    and the backward of 192; elsewhere q's own)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -659,8 +662,8 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
     try:
         with _launch._device_guard(q.device):
-            served = _backend.query(problem, launch,
-                                    _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD)
+            served, kernel_head_dim = _backend.query_kernel(
+                problem, launch, _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD)
     except JagflashError as error:
         raise _in_caller_terms(error, ()) from None
-    return _backend.name(served)
+    return _backend.Backend(_backend.name(served), kernel_head_dim)

@@ -35,6 +35,18 @@ def test_cpu_tensors_are_served_by_the_reference(dtype, head_dim):
     assert jagflash.backend(q, k, v, qo.long(), kvo.long()) == "reference"  # int64 offsets too
 
 
+@pytest.mark.parametrize("head_dim", [8, 80, 192, 256])
+def test_backend_names_the_kernel_head_dim_on_the_cpu(head_dim):
+    """The answer is a plain str with kernel_head_dim: on CPU tensors the reference, at q's head dim."""
+    q, k, v, qo, kvo = _tensors("cpu", torch.bfloat16, head_dim)
+    for backward in (False, True):
+        got = jagflash.backend(q, k, v, qo, kvo, backward=backward)
+        assert isinstance(got, str) and got == "reference" and str(got) == "reference"
+        assert got.kernel_head_dim == head_dim
+    got = jagflash.backend(q, k, v[..., :8].contiguous(), qo, kvo, backward=True)  # a narrower v
+    assert got.kernel_head_dim == head_dim
+
+
 def test_backend_raises_where_the_call_would():
     q, k, v, qo, kvo = _tensors("cpu", head_dim=64)
     with pytest.raises(jagflash.UnsupportedError, match=r"^q.shape\[-1\]: expected a multiple of 8 from 8 to 256, got 36$"):
@@ -136,3 +148,19 @@ def test_cuda_slow_path_warns_once_and_fast_path_never(fresh_warning_state):
     text = str(slow_warnings[0].message)
     assert "slow path" in text and "jagflash.backend" in text
     assert "once" in text
+
+
+@needs_cuda
+@pytest.mark.parametrize("head_dim, dv, forward_kernel, backward_kernel", [
+    (64, 64, 64, 64), (80, 80, 96, 128), (96, 96, 96, 128), (160, 160, 256, 192), (192, 192, 256, 192),
+    (192, 128, 256, 192), (200, 200, 256, 256), (256, 256, 256, 256)])
+def test_cuda_backend_names_the_kernel_that_serves(head_dim, dv, forward_kernel, backward_kernel):
+    """kernel_head_dim on an H200: the narrowest Hopper kernel at or above the head dim, per
+    direction (the forward has 64/96/128/256, the backward 64/128/192/256)."""
+    q, k, v, qo, kvo = _tensors("cuda", torch.bfloat16, head_dim)
+    v = v[..., :dv].contiguous()
+    for backward, want in ((False, forward_kernel), (True, backward_kernel)):
+        got = jagflash.backend(q, k, v, qo, kvo, backward=backward)
+        if got != "hopper":
+            pytest.skip("not an sm_90 GPU or a library without these Hopper kernels")
+        assert got.kernel_head_dim == want

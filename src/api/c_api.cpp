@@ -111,6 +111,26 @@ jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* lau
   });
 }
 
+jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
+                                jf_backend* served, int32_t* kernel_head_dim) {
+  return guarded([&] {
+    require_non_null("problem", problem);
+    require_non_null("launch", launch);
+    require_non_null("served", served);
+    require_non_null("kernel_head_dim", kernel_head_dim);
+    int dir = 0;
+    static_assert(sizeof dir == sizeof direction, "the jf_* enums are int-sized");
+    std::memcpy(&dir, &direction, sizeof dir);
+    if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
+      jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
+    int32_t head_dim = 0;
+    const jf_backend b =
+        jagflash::detail::query_backend(*problem, *launch, dir == JF_DIRECTION_BACKWARD, &head_dim);
+    *served = b;  // written only on success, as jagflash_query_backend's
+    *kernel_head_dim = head_dim;
+  });
+}
+
 const char* jagflash_backend_name(jf_backend backend) {
   int value = 0;
   std::memcpy(&value, &backend, sizeof value);

@@ -241,11 +241,16 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
 
 }  // namespace
 
-jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward) {
+jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward, int32_t* kernel_head_dim) {
   validate_problem_and_launch(p, l);
+  if (kernel_head_dim != nullptr) *kernel_head_dim = p.q.head_dim;  // the reference's and the oracle's
   if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
-  const bool hopper = backward ? hopper_backward_for(p, l) != nullptr : hopper_forward_for(p, l) != nullptr;
-  if (hopper) return JF_BACKEND_HOPPER;
+  const int hopper_head_dim = backward ? (hopper_backward_for(p, l) ? hopper_backward_for(p, l)->head_dim : 0)
+                                       : (hopper_forward_for(p, l) ? hopper_forward_for(p, l)->head_dim : 0);
+  if (hopper_head_dim != 0) {
+    if (kernel_head_dim != nullptr) *kernel_head_dim = hopper_head_dim;
+    return JF_BACKEND_HOPPER;
+  }
   oracle_for(p);  // the call's own checks: head dim, instantiated, device code for this GPU
   return JF_BACKEND_ORACLE;
 }

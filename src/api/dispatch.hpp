@@ -5,12 +5,15 @@
 #include <jagflash/jagflash.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace jagflash::detail {
 
 // The backend a call of that direction runs for `problem` and `launch` (the calls choose through
-// the same functions): jagflash_query_backend.
-jf_backend query_backend(const jf_problem& problem, const jf_launch& launch, bool backward);
+// the same functions): jagflash_query_backend; with kernel_head_dim, also the head dim of the
+// kernel that runs (jagflash_query_kernel).
+jf_backend query_backend(const jf_problem& problem, const jf_launch& launch, bool backward,
+                         int32_t* kernel_head_dim = nullptr);
 size_t forward_workspace_size(const jf_fwd_args& args);
 size_t backward_workspace_size(const jf_bwd_args& args);
 void run_forward(const jf_fwd_args& args);
