@@ -49,7 +49,7 @@ ForwardKnobs every_knob() {
 }
 
 void expect_default_tile(const ForwardVariant& v, int head_dim) {
-  EXPECT_EQ(v.block_n, head_dim == 256 ? 32 : 128);
+  EXPECT_EQ(v.block_n, head_dim == 256 ? 32 : head_dim == 192 ? 64 : 128);
   EXPECT_EQ(v.warpgroups, 2);
   EXPECT_EQ(v.block_m(), 128);
   EXPECT_EQ(v.pairs, 1);
@@ -189,18 +189,19 @@ TEST(ForwardVariants, SmallPooledQuerySetPicksPairs) {
 // and registers): neither the max_seqlen hint, the pooled query set nor the shape knobs may
 // select another, for which no D = 256 kernel exists. The schedule knob still applies.
 TEST(ForwardVariants, HeadDim256HasOneShape) {
-  for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
-    for (int32_t hint : {0, 100, 256, 5000})
-      for (int32_t pooled_rows : {0, 16})
-        for (const ForwardKnobs& knobs : {ForwardKnobs{}, every_knob()}) {
-          SCOPED_TRACE(testing::Message() << "mask=" << mask << " hint=" << hint << " Lq=" << pooled_rows);
-          jf_fwd_args a = call(256, mask);
-          a.launch.max_seqlen_hint = hint;
-          a.problem.pooled_q_rows = pooled_rows;
-          const ForwardVariant v = choose_forward_variant(a, knobs);
-          expect_default_tile(v, 256);
-          EXPECT_EQ(v.schedule, knobs.schedule);
-        }
+  for (int d : {192, 256})  // 192: its own forward, 64-key blocks
+    for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
+      for (int32_t hint : {0, 100, 256, 5000})
+        for (int32_t pooled_rows : {0, 16})
+          for (const ForwardKnobs& knobs : {ForwardKnobs{}, every_knob()}) {
+            SCOPED_TRACE(testing::Message() << "mask=" << mask << " hint=" << hint << " Lq=" << pooled_rows);
+            jf_fwd_args a = call(d, mask);
+            a.launch.max_seqlen_hint = hint;
+            a.problem.pooled_q_rows = pooled_rows;
+            const ForwardVariant v = choose_forward_variant(a, knobs);
+            expect_default_tile(v, d);
+            EXPECT_EQ(v.schedule, knobs.schedule);
+          }
 }
 
 // A call with a score modifier runs the one tile its kernels are instantiated for (two consumer
@@ -269,16 +270,21 @@ TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
   for (int head_dim : {8, 32, 40, 72, 96, 112, 136, 192, 248})
     for (const Input& in : inputs) {
       SCOPED_TRACE(testing::Message() << in.what << ": D=" << head_dim);
-      // The forward's kernel head dims: 64, 96 (forward-only, its default tile alone), 128, 256.
-      const int kernel_head_dim = head_dim <= 64 ? 64 : head_dim <= 96 ? 96 : head_dim <= 128 ? 128 : 256;
+      // The forward's kernel head dims: 64, 96 (its default tile alone), 128, 192 (64-key blocks),
+      // 256 (32-key blocks).
+      const int kernel_head_dim = head_dim <= 64    ? 64
+                                  : head_dim <= 96  ? 96
+                                  : head_dim <= 128 ? 128
+                                  : head_dim <= 192 ? 192
+                                                    : 256;
       jf_fwd_args a = call(head_dim, in.mask);
       a.launch.max_seqlen_hint = in.hint;
       a.problem.pooled_q_rows = in.pooled_rows;
       const ForwardVariant v = choose_forward_variant(a, in.knobs);
       expect_default_tile(v, kernel_head_dim);
       EXPECT_EQ(v.schedule, in.knobs.schedule);
-      // The D = 96 and D = 256 kernels have this one tile anyway.
-      if (kernel_head_dim == 96 || kernel_head_dim == 256) continue;
+      // The D = 96, 192 and 256 kernels have this one tile anyway.
+      if (kernel_head_dim == 96 || kernel_head_dim >= 192) continue;
       if (kernel_head_dim == 128 && !in.differs_at_128) continue;
       jf_fwd_args own = call(kernel_head_dim, in.mask);
       own.launch.max_seqlen_hint = in.hint;
@@ -322,7 +328,8 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
       {72, 0, JF_SCORE_MOD_NONE, k96, true},      {80, 0, JF_SCORE_MOD_NONE, k96, true},
       {96, 64, JF_SCORE_MOD_NONE, k96, true},     {104, 0, JF_SCORE_MOD_NONE, 128, true},
       {128, 0, JF_SCORE_MOD_NONE, 128, false},    {128, 96, JF_SCORE_MOD_NONE, 128, true},
-      {192, 128, JF_SCORE_MOD_NONE, 256, true},   {256, 0, JF_SCORE_MOD_NONE, 256, false},
+      {192, 128, JF_SCORE_MOD_NONE, 192, true},   {256, 0, JF_SCORE_MOD_NONE, 256, false},
+      {160, 0, JF_SCORE_MOD_NONE, 192, true},     {200, 0, JF_SCORE_MOD_NONE, 256, true},
       {128, 0, JF_SCORE_MOD_SOFTCAP, 128, false}, {96, 0, JF_SCORE_MOD_SOFTCAP, 0, false},
       {80, 0, JF_SCORE_MOD_ALIBI, 0, false},      {36, 0, JF_SCORE_MOD_NONE, 0, false},
       {264, 0, JF_SCORE_MOD_NONE, 0, false},
@@ -367,10 +374,11 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
   ASSERT_NE(deepseek, nullptr);
   EXPECT_EQ(deepseek->head_dim, 192);
   EXPECT_TRUE(deepseek->padded);
-  // The forward has no 192 kernel: 192 runs the 256 one, padded.
+  // The forward's own 192 kernel (no modifier: 192 with softcap is refused on CUDA).
   const auto* forward192 = kernels::find_hopper_forward(JF_BF16, 192, JF_SCORE_MOD_NONE);
   ASSERT_NE(forward192, nullptr);
-  EXPECT_EQ(forward192->head_dim, 256);
+  EXPECT_EQ(forward192->head_dim, 192);
+  EXPECT_EQ(kernels::find_hopper_forward(JF_BF16, 192, JF_SCORE_MOD_SOFTCAP), nullptr);
   EXPECT_TRUE(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, false, 128)->padded);
   EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_SOFTCAP), nullptr);
   EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, true), nullptr);

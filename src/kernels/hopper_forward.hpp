@@ -37,7 +37,7 @@ struct HopperForwardEntry {
 
 // The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v head dim:
 // 0 = q's): the narrowest kernel at or above the head dim that has the variant (96's forward serves
-// 72-96 without a modifier or map; otherwise kernel_head_dim's), padded when below it or when v's
+// 72-96 and 192's 136-192 without a modifier or map; otherwise kernel_head_dim's), padded when below it or when v's
 // head dim is narrower (V zero-filled past it, O's columns there zero and not stored); nullptr when
 // this build has none.
 const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
@@ -50,6 +50,10 @@ inline int kernel_head_dim(int head_dim) {
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
+
+// The key block of the forward's kernels past head dim 128 (one shape each: shared memory): 64 at
+// 192 (Q 48 KB, the O staging 50 KB, two K/V stages of 48 KB), 32 at 256.
+constexpr int forward_block_n_past_128(int kernel_head_dim) { return kernel_head_dim == 192 ? 64 : 32; }
 
 // True when the current device can run sm_90a code (compute capability 9.0).
 bool hopper_device_present();

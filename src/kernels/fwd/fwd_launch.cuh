@@ -105,6 +105,10 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
   const ForwardVariant v = choose_forward_variant(a);
   if constexpr (kHeadDim == 256) {
     return run_forward_variant<TileConfig<Element, 256, BlockN<32>>>(a, launch, v.schedule, stream);
+  } else if constexpr (kHeadDim == 192) {
+    // D = 192: the default tile with 64-key blocks (two K/V stages fit; tile_config.hpp).
+    return run_forward_variant<TileConfig<Element, 192, BlockN<forward_block_n_past_128(192)>>>(
+        a, launch, v.schedule, stream);
   } else if constexpr (kHeadDim == 96) {
     // D = 96 (a forward-only head dim): the default tile alone, as the chooser gives every head dim
     // but 64 and 128 (its two-pair tile would need 64-key blocks for two K/V stages).
@@ -148,8 +152,10 @@ template <class Element, int kHeadDim, class Option>
 cudaError_t run_forward_default_tile(const jf_fwd_args& a, const HopperForwardLaunch& launch,
                                      cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
-  if constexpr (kHeadDim == 256)
-    return run_forward_variant<TileConfig<Element, 256, BlockN<32>, Option>>(a, launch, v.schedule, stream);
+  if constexpr (kHeadDim > 128)
+    return run_forward_variant<
+        TileConfig<Element, kHeadDim, BlockN<forward_block_n_past_128(kHeadDim)>, Option>>(
+        a, launch, v.schedule, stream);
   else
     return run_forward_variant<TileConfig<Element, kHeadDim, Option>>(a, launch, v.schedule, stream);
 }

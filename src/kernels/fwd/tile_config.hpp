@@ -152,8 +152,8 @@ struct TileConfig {
   static constexpr int kProducerRegisters = kAllConsumerWarpgroups == 2 ? 56 : 32;
   static constexpr int kConsumerRegisters = kAllConsumerWarpgroups == 2 ? 224 : 160;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
-                "the Hopper forward serves head dims 64, 96, 128, 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "the Hopper forward serves head dims 64, 96, 128, 192, 256");
   static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256),
                 "key blocks of 64 or 128 (32 at D = 256)");
   static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2),

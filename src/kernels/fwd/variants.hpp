@@ -4,6 +4,7 @@
 
 #include "core/bench_knobs.hpp"
 #include "kernels/common/schedule.hpp"
+#include "kernels/hopper_forward.hpp"
 
 #include <jagflash/jagflash.h>
 
@@ -87,10 +88,14 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  // D = 256 (and the head dims above 128 it serves padded): one shape (tile_config.hpp: shared
-  // memory); only the schedule knob applies.
+  // Past 128, one shape per kernel (tile_config.hpp: shared memory), which the registry names (the
+  // head dim's own or the next up that serves the call): 64-key blocks at 192, 32 at 256; only the
+  // schedule knob applies.
   if (a.problem.q.head_dim > 128) {
-    v.block_n = 32;
+    const HopperForwardEntry* e =
+        find_hopper_forward(a.problem.dtype, a.problem.q.head_dim, a.problem.score_mod,
+                            a.problem.block_mask.blocks != nullptr, a.problem.v.head_dim);
+    v.block_n = forward_block_n_past_128(e != nullptr ? e->head_dim : 256);
     return v;
   }
   // A score modifier, a head dim below the kernel's or a narrower v (padded) or a block-sparse map:
