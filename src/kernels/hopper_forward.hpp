@@ -37,8 +37,8 @@ struct HopperForwardEntry {
 
 // The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v head dim:
 // 0 = q's): the narrowest kernel at or above the head dim that has the variant (96's forward serves
-// 72-96 and 192's 136-192 without a modifier or map; otherwise kernel_head_dim's), padded when below it or when v's
-// head dim is narrower (V zero-filled past it, O's columns there zero and not stored); nullptr when
+// 72-96 and 192's 136-192 without a modifier or map; otherwise kernel_head_dim's), padded when below it or
+// when v's head dim is narrower (V zero-filled past it, O's columns there zero and not stored); nullptr when
 // this build has none.
 const HopperForwardEntry* find_hopper_forward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
                                               bool block_sparse = false, int v_head_dim = 0);
