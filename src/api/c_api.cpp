@@ -55,6 +55,19 @@ void set_last_error(const std::string& message) { g_last_error = message; }
 using jagflash::detail::guarded;
 using jagflash::detail::require_non_null;
 
+namespace {
+// A query's direction, read as an int: a C caller may pass any int, which C++ must not load
+// through the enum. Anything but the two directions is refused, naming the argument.
+bool is_backward(jf_direction direction) {
+  int dir = 0;
+  static_assert(sizeof dir == sizeof direction, "the jf_* enums are int-sized");
+  std::memcpy(&dir, &direction, sizeof dir);
+  if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
+    jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
+  return dir == JF_DIRECTION_BACKWARD;
+}
+}  // namespace
+
 extern "C" {
 
 const char* jagflash_version(void) { return JAGFLASH_VERSION_STRING; }
@@ -101,13 +114,7 @@ jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* lau
     require_non_null("problem", problem);
     require_non_null("launch", launch);
     require_non_null("served", served);
-    // Read as an int: a C caller may pass any int, which C++ must not load through the enum.
-    int dir = 0;
-    static_assert(sizeof dir == sizeof direction, "the jf_* enums are int-sized");
-    std::memcpy(&dir, &direction, sizeof dir);
-    if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
-      jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
-    *served = jagflash::detail::query_backend(*problem, *launch, dir == JF_DIRECTION_BACKWARD);
+    *served = jagflash::detail::query_backend(*problem, *launch, is_backward(direction));
   });
 }
 
@@ -118,14 +125,9 @@ jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* laun
     require_non_null("launch", launch);
     require_non_null("served", served);
     require_non_null("kernel_head_dim", kernel_head_dim);
-    int dir = 0;
-    static_assert(sizeof dir == sizeof direction, "the jf_* enums are int-sized");
-    std::memcpy(&dir, &direction, sizeof dir);
-    if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
-      jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
     int32_t head_dim = 0;
     const jf_backend b =
-        jagflash::detail::query_backend(*problem, *launch, dir == JF_DIRECTION_BACKWARD, &head_dim);
+        jagflash::detail::query_backend(*problem, *launch, is_backward(direction), &head_dim);
     *served = b;  // written only on success, as jagflash_query_backend's
     *kernel_head_dim = head_dim;
   });

@@ -12,6 +12,7 @@
 #include "kernels/bwd/loader_bwd.cuh"
 #include "kernels/bwd/scheduler_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
+#include "kernels/bwd/smem_views_bwd.cuh"
 #include "kernels/bwd/step_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
 #include "kernels/common/ring.cuh"
@@ -59,38 +60,8 @@ struct Consumer {
     auto thr_dkv = mma_dkv.get_thread_slice(thread);
     auto thr_dq = mma_dq.get_thread_slice(thread);
 
-    // The shared-memory operands' descriptors (64-bit, one per k-block) are built right before
-    // each GEMM from a base the compiler must reload (fresh_smem): built once before the loop,
-    // the ~90 of them stayed live across it and spilled.
-    auto fresh_smem = [&]() -> SharedStorage<Traits>& {
-      SharedStorage<Traits>* s = &smem;
-      asm volatile("" : "+l"(s));
-      return *s;
-    };
-    auto sQ = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQ{});
-    };
-    auto sDo = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQ{});
-    };
-    auto sQt = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQt{});
-    };
-    auto sDot = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQt{});
-    };
-    auto sK = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutK{});
-    };
-    auto sV = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().v.data()), typename Traits::SmemLayoutK{});
-    };
-    auto sKt = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutKt{});
-    };
-    auto sDs = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDs{});
-    };
+    // The shared-memory operands, viewed afresh at each use (smem_views_bwd.cuh).
+    const SmemViews<Traits> views{smem};
 
     // S^T = K Q^T, dP^T = V dO^T: A (MMA, M, K) from K, V; B (MMA, N, K, stage) from Q, dO.
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -118,36 +89,36 @@ struct Consumer {
     constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
 
     // The step's GEMMs and releases. Each GEMM builds its shared-memory descriptors right before
-    // it is issued (fresh_smem above).
+    // it is issued (SmemViews).
     auto issue_s_dp = [&](RingPosition<kStages> q_at) {  // S^T = K Q^T, dP^T = V dO^T, in flight
       wait_full(smem.q_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_sdp, thr_sdp.partition_fragment_A(sK()),
-          thr_sdp.partition_fragment_B(sQ())(_, _, _, q_at.stage()), tSrS);
+          mma_sdp, thr_sdp.partition_fragment_A(views.k()),
+          thr_sdp.partition_fragment_B(views.q())(_, _, _, q_at.stage()), tSrS);
       wait_full(smem.do_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_sdp, thr_sdp.partition_fragment_A(sV()),
-          thr_sdp.partition_fragment_B(sDo())(_, _, _, q_at.stage()), tSrDp);
+          mma_sdp, thr_sdp.partition_fragment_A(views.v()),
+          thr_sdp.partition_fragment_B(views.dout())(_, _, _, q_at.stage()), tSrDp);
     };
     auto issue_dq = [&](uint32_t ds_buf, bool upper_keys_seen) {  // dQ = dS K
       if (upper_keys_seen) {
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-            mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf), thr_dq.partition_fragment_B(sKt()),
-            tDQrDQ);
+            mma_dq, thr_dq.partition_fragment_A(views.ds())(_, _, _, ds_buf),
+            thr_dq.partition_fragment_B(views.kt()), tDQrDQ);
       } else {  // the lower 64 keys: the first half of the GEMM's k-blocks
         warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false, /*kCommit=*/true,
                        /*kKBlocks=*/kLowerKBlocks>(mma_dq,
-                                                   thr_dq.partition_fragment_A(sDs())(_, _, _, ds_buf),
-                                                   thr_dq.partition_fragment_B(sKt()), tDQrDQ);
+                                                   thr_dq.partition_fragment_A(views.ds())(_, _, _, ds_buf),
+                                                   thr_dq.partition_fragment_B(views.kt()), tDQrDQ);
       }
     };
     auto issue_dv = [&](uint32_t stage) {  // dV += P^T dO
       warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(views.doutt())(_, _, _, stage), tDVrDV);
     };
     auto issue_dk = [&](uint32_t stage) {  // dK += dS^T Q
       warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
+          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(views.qt())(_, _, _, stage), tDKrDK);
     };
     auto release_stage = [&](uint32_t stage) {  // dV and dK are done: Q and dO of the stage are free
       warpgroup_fence_operand(tDVrDV);

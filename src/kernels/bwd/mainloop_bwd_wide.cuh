@@ -14,6 +14,7 @@
 #include "kernels/bwd/loader_bwd.cuh"
 #include "kernels/bwd/scheduler_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
+#include "kernels/bwd/smem_views_bwd.cuh"
 #include "kernels/bwd/step_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
 #include "kernels/common/ring.cuh"
@@ -62,37 +63,8 @@ struct ConsumerWide {
     auto thr_dkv = mma_dkv.get_thread_slice(wg * 128);
     auto thr_dq = mma_dq.get_thread_slice(wg * 128);
 
-    // Descriptors built right before each GEMM from a base the compiler must reload (as in
-    // mainloop_bwd.cuh: kept across the loop they spill).
-    auto fresh_smem = [&]() -> SharedStorage<Traits>& {
-      SharedStorage<Traits>* s = &smem;
-      asm volatile("" : "+l"(s));
-      return *s;
-    };
-    auto sQ = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQ{});
-    };
-    auto sDo = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQ{});
-    };
-    auto sQt = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().q.data()), typename Traits::SmemLayoutQt{});
-    };
-    auto sDot = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().dout.data()), typename Traits::SmemLayoutQt{});
-    };
-    auto sK = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutK{});
-    };
-    auto sV = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().v.data()), typename Traits::SmemLayoutK{});
-    };
-    auto sKt = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().k.data()), typename Traits::SmemLayoutKt{});
-    };
-    auto sDs = [&] {
-      return make_tensor(make_smem_ptr(fresh_smem().ds.data()), typename Traits::SmemLayoutDs{});
-    };
+    // The shared-memory operands, viewed afresh at each use (smem_views_bwd.cuh).
+    const SmemViews<Traits> views{smem};
 
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
     Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -116,26 +88,26 @@ struct ConsumerWide {
     auto issue_s_dp = [&](RingPosition<kStages> q_at) {  // S^T = K Q^T, dP^T = V dO^T, in flight
       wait_full(smem.q_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_sdp, thr_sdp.partition_fragment_A(sK()),
-          thr_sdp.partition_fragment_B(sQ())(_, _, _, q_at.stage()), tSrS);
+          mma_sdp, thr_sdp.partition_fragment_A(views.k()),
+          thr_sdp.partition_fragment_B(views.q())(_, _, _, q_at.stage()), tSrS);
       wait_full(smem.do_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_sdp, thr_sdp.partition_fragment_A(sV()),
-          thr_sdp.partition_fragment_B(sDo())(_, _, _, q_at.stage()), tSrDp);
+          mma_sdp, thr_sdp.partition_fragment_A(views.v()),
+          thr_sdp.partition_fragment_B(views.dout())(_, _, _, q_at.stage()), tSrDp);
     };
     auto issue_dq = [&](int part) {  // dQ's columns [part x 2 kDqPartCols, +2 kDqPartCols) = dS K
-      Tensor k_part = local_tile(sKt(), Shape<Int<2 * kDqPartCols>, BlockN>{}, make_coord(part, _0{}));
+      Tensor k_part = local_tile(views.kt(), Shape<Int<2 * kDqPartCols>, BlockN>{}, make_coord(part, _0{}));
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_dq, thr_dq.partition_fragment_A(sDs())(_, _, _, 2 * wg), thr_dq.partition_fragment_B(k_part),
-          tDQrDQ);
+          mma_dq, thr_dq.partition_fragment_A(views.ds())(_, _, _, 2 * wg),
+          thr_dq.partition_fragment_B(k_part), tDQrDQ);
     };
     auto issue_dv = [&](uint32_t stage) {  // dV += P^T dO (this warpgroup's half of dO's columns)
       warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(sDot())(_, _, _, stage), tDVrDV);
+          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(views.doutt())(_, _, _, stage), tDVrDV);
     };
     auto issue_dk = [&](uint32_t stage) {  // dK += dS^T Q
       warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(sQt())(_, _, _, stage), tDKrDK);
+          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(views.qt())(_, _, _, stage), tDKrDK);
     };
     auto store_dq_part = [&](uint32_t dq_stage, int part) {
       warpgroup_fence_operand(tDQrDQ);
