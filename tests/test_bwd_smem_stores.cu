@@ -2,7 +2,7 @@
 // element where CuTe's layouts of the same buffers say it is: dS for the dQ GEMM's A operand
 // (stmatrix, emulated here lane by lane) and the fp32 dQ partial for the TMA reduce-add. And the
 // epilogue's dK/dV staging (kernels/bwd/epilogue_bwd.cuh) stays inside each warpgroup's own keys'
-// dS bytes, one slot per element, without bank conflicts.
+// dS bytes, one slot per element, without bank conflicts. At D = 64, 96 and 128.
 #include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
@@ -112,8 +112,13 @@ void expect_dkv_staging_conflict_free() {
         for (uint32_t byte = 0; byte < 16; ++byte)
           ASSERT_TRUE(own.count(at + byte)) << "wg " << wg << " key " << key << " chunk " << chunk;
       }
-    // D = 128 fills both buffers' bytes of its keys; D = 64 (64 keys x 128 bytes) half of them.
-    ASSERT_EQ(slots.size() * 16 * (256 / Staging::kRowBytes), own.size());
+    // D = 128 fills both buffers' bytes of its keys; D = 64 (64 keys x 128 bytes) half of them;
+    // D = 96 (192-byte rows, 42 in the first buffer) three quarters.
+    if (Staging::kPowerOfTwoRows) {
+      ASSERT_EQ(slots.size() * 16 * (256 / Staging::kRowBytes), own.size());
+    } else {
+      ASSERT_EQ(slots.size() * 16 * 4, own.size() * 3);
+    }
     // Stores: warp w of the warpgroup, accumulator row r (keys l/4 and l/4 + 8), column pair c.
     for (int warp = 0; warp < 4; ++warp)
       for (int r = 0; r < 2; ++r)
@@ -140,16 +145,19 @@ void expect_dkv_staging_conflict_free() {
 TEST(BackwardSmemStores, DkvStagingStaysInOwnKeysWithoutConflicts) {
   expect_dkv_staging_conflict_free<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 128>>();
   expect_dkv_staging_conflict_free<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 64>>();
+  expect_dkv_staging_conflict_free<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 96>>();
 }
 
 TEST(BackwardSmemStores, DsStmatrixMatchesCuteLayout) {
   expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 128>>();
   expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 64>>();
+  expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 96>>();
 }
 
 TEST(BackwardSmemStores, DqPartialStoresMatchCuteLayout) {
   expect_dq_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 128>>();
   expect_dq_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 64>>();
+  expect_dq_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 96>>();
 }
 
 }  // namespace

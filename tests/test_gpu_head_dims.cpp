@@ -165,6 +165,9 @@ TEST(GpuHeadDims, NarrowerVBackward) {
   s.head_dim = 192;  // the wide kernel's split groups (its dK/dV halves into the partials)
   s.v_head_dim = 128;
   run_and_check(s, /*with_backward=*/true);
+  s.head_dim = 96;  // the D = 96 kernel's (48-column dQ halves, 192-byte staging rows)
+  s.v_head_dim = 80;
+  run_and_check(s, /*with_backward=*/true);
   unsetenv("JAGFLASH_BWD_GROUP_SPLITS");
 }
 
@@ -187,7 +190,7 @@ TEST(GpuHeadDims, LongerSequencesBothModes) {
 
 // Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1).
 TEST(GpuHeadDims, SmallCaseForSanitizers) {
-  for (int d : {80, 192, 256}) {
+  for (int d : {80, 96, 192, 256}) {
     BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 500 + d);
     s.len_q = {1, 65, 0, 130};
     s.len_kv = {2, 63, 5, 130};
@@ -202,7 +205,7 @@ TEST(GpuHeadDims, SmallCaseForSanitizers) {
 }
 
 TEST(GpuHeadDims, DeterministicRepeatsAreBitwiseIdentical) {
-  for (int d : {80, 192, 256}) {
+  for (int d : {80, 96, 192, 256}) {
     SCOPED_TRACE("D=" + std::to_string(d));
     BatchSpec s = awkward(d, JF_BF16, d == 192 ? JF_MASK_CAUSAL : JF_MASK_NONE, 600 + d);
     s.len_q = {300, 17, 513};

@@ -351,13 +351,21 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
   // A block-sparse map: 64 and 128 only, never the D = 96 forward.
   const auto* sparse80 = kernels::find_hopper_forward(JF_BF16, 80, JF_SCORE_MOD_NONE, true);
   EXPECT_EQ(sparse80, nullptr);
-  // The backward has no D = 96 kernel: 72-96 run the 128 one, padded.
-  for (int d : {72, 80, 96}) {
-    const auto* b = kernels::find_hopper_backward(JF_BF16, d, JF_SCORE_MOD_NONE);
-    ASSERT_NE(b, nullptr) << d;
-    EXPECT_EQ(b->head_dim, 128) << d;
-    EXPECT_TRUE(b->padded) << d;
-  }
+  // The backward's D = 96 kernel (the 128-key tile): 72-88 run it padded, 96 its own, 104-120
+  // the 128 one padded.
+  for (jf_dtype dt : built_hopper_dtypes())
+    for (int d = 72; d <= 120; d += 8) {
+      const auto* b = kernels::find_hopper_backward(dt, d, JF_SCORE_MOD_NONE);
+      ASSERT_NE(b, nullptr) << d;
+      const int want = d <= 96 ? 96 : 128;
+      EXPECT_EQ(b->head_dim, want) << d;
+      EXPECT_EQ(b->padded, d != want) << d;
+      EXPECT_EQ(kernels::backward_block_n(b->head_dim), 128) << d;
+    }
+  const auto* narrow_v96 = kernels::find_hopper_backward(JF_BF16, 96, JF_SCORE_MOD_NONE, false, 64);
+  ASSERT_NE(narrow_v96, nullptr);
+  EXPECT_EQ(narrow_v96->head_dim, 96);
+  EXPECT_TRUE(narrow_v96->padded);
   // Past 128 the backward's wide kernels (64-key tiles): 192 (a backward-only head dim) for
   // 136-192, padded below it and for a narrower v (DeepSeek's 192 / 128), 256 for 200-256; not with
   // a score modifier or a block-sparse map.

@@ -282,7 +282,7 @@ jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* lau
 
 /* jagflash_query_backend's answer and the head dim of the kernel that serves the call: on the
  * Hopper kernels the kernel's own (the call's head dim or, padded, the next kernel up: 80 runs the
- * forward of 96 and the backward of 128, 160 the backward of 192, 200 that of 256); on the oracle
+ * forward and backward of 96, 160 those of 192, 200 those of 256); on the oracle
  * and the reference q's head dim. Fails as jagflash_query_backend does (kernel_head_dim non-NULL
  * too), writing nothing then. */
 jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* launch, jf_direction direction,

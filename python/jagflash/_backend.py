@@ -85,7 +85,8 @@ class Backend(str):
     """What jagflash.backend returns: the path's name ("hopper", "oracle", "reference"), a plain str
     for every comparison, with the head dim of the kernel that serves the call as kernel_head_dim
     (on the Hopper kernels the narrowest at or above the call's head dim, per direction: 80 runs
-    the forward of 96 and the backward of 128; on the oracle and the reference the call's own)."""
+    both directions' kernels of 96, 112 those of 128; on the oracle and the reference the call's
+    own)."""
 
     kernel_head_dim: int
 

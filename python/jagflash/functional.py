@@ -630,8 +630,8 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     or a block mask). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
     values are not read). The answer is a str with one attribute more, kernel_head_dim: the head
     dim of the kernel that serves the call (on the Hopper kernels the narrowest at or above q's,
-    per direction: D = 80 runs the forward of 96 and the backward of 128, D = 160 the forward and the
-    backward of 192; elsewhere q's own)."""
+    per direction: D = 80 runs the forward and the backward of 96, D = 160 those of 192, D = 200
+    those of 256; elsewhere q's own)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):

@@ -152,11 +152,12 @@ def test_cuda_slow_path_warns_once_and_fast_path_never(fresh_warning_state):
 
 @needs_cuda
 @pytest.mark.parametrize("head_dim, dv, forward_kernel, backward_kernel", [
-    (64, 64, 64, 64), (80, 80, 96, 128), (96, 96, 96, 128), (160, 160, 192, 192), (192, 192, 192, 192),
+    (64, 64, 64, 64), (80, 80, 96, 96), (96, 96, 96, 96), (112, 112, 128, 128), (160, 160, 192, 192),
+    (192, 192, 192, 192),
     (192, 128, 192, 192), (200, 200, 256, 256), (256, 256, 256, 256)])
 def test_cuda_backend_names_the_kernel_that_serves(head_dim, dv, forward_kernel, backward_kernel):
     """kernel_head_dim on an H200: the narrowest Hopper kernel at or above the head dim, per
-    direction (the forward has 64/96/128/192/256, the backward 64/128/192/256)."""
+    direction (both have 64/96/128/192/256)."""
     q, k, v, qo, kvo = _tensors("cuda", torch.bfloat16, head_dim)
     v = v[..., :dv].contiguous()
     for backward, want in ((False, forward_kernel), (True, backward_kernel)):

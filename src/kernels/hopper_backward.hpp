@@ -42,14 +42,14 @@ struct HopperBackwardEntry {
 };
 
 // The entry serving a caller's (dtype, head dim, score modifier, block-sparse map or not, v's head dim,
-// 0 = q's): the narrowest kernel at or above the head dim that has the variant (64, 128, 192, 256),
+// 0 = q's): the narrowest kernel at or above the head dim that has the variant (64, 96, 128, 192, 256),
 // padded when below it or when v's head dim is narrower (V and dO zero-filled past it, dV's columns
 // there not stored); nullptr when this build has none.
 const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf_score_mod score_mod,
                                                 bool block_sparse = false, int v_head_dim = 0);
 
 // The backward's tile shape (the plan is built over KV blocks of backward_block_n keys; each
-// visits Q blocks of kBackwardBlockM rows): 128 keys up to head dim 128; the wide kernels (192,
+// visits Q blocks of kBackwardBlockM rows): 128 keys up to head dim 128 (96 too); the wide kernels (192,
 // 256: tile_config_bwd.hpp) take 64, as their K and V and the warpgroups' dK, dV halves must fit.
 constexpr int kBackwardBlockM = 64;
 constexpr int kBackwardBlockN = 128;

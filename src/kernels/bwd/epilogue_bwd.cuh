@@ -17,19 +17,32 @@ using namespace cute;
 // warpgroups' last dQ GEMM of the tile is done), a key's row of D elements at key x row bytes,
 // its 16-byte chunks XOR-ed with key % 8 so that a warp's accumulator stores (8 keys, one chunk)
 // and its row reads (whole rows) hit distinct banks.
+// At D = 96 a row (192 bytes, 12 chunks) divides neither a half nor a power of two: kRowsPerHalf
+// = 42 rows in the first half, the rest in the second, and the XOR stays inside a row's groups
+// of 4 chunks: 8 keys at a 192-byte pitch fall on two 64-byte bank halves (key % 2), and
+// (chunk % 4) XOR (key / 2 % 4) spreads each half's 4 keys over its 4 chunk slots.
 template <int kHeadDim, int kElementBytes>
 struct DkvStaging {
   static constexpr int kRowBytes = kHeadDim * kElementBytes;
   static constexpr int kChunks = kRowBytes / 16;
   static constexpr uint32_t kStageHalf = 8 * 1024;     // 64 keys x 128 bytes of one dS buffer
   static constexpr uint32_t kBufferBytes = 16 * 1024;  // one dS buffer (64 rows x 128 keys)
-  static_assert(64 * kRowBytes <= 2 * kStageHalf && kStageHalf % kRowBytes == 0, "a warpgroup's keys fit");
+  static constexpr bool kPowerOfTwoRows = kStageHalf % kRowBytes == 0;
+  static constexpr int kRowsPerHalf = kStageHalf / kRowBytes;
+  static_assert(2 * kRowsPerHalf >= 64 && (kPowerOfTwoRows || kChunks % 4 == 0), "a warpgroup's keys fit");
   // Byte offset of (key, 16-byte chunk) from the dS buffers' base, for warpgroup `wg`.
   static __host__ __device__ __forceinline__ uint32_t offset(int wg, int key, int chunk) {
-    const uint32_t linear = static_cast<uint32_t>(key * kRowBytes);
-    const uint32_t half = linear / kStageHalf;
-    return half * kBufferBytes + wg * kStageHalf + linear % kStageHalf +
-           static_cast<uint32_t>((chunk ^ (key & 7)) * 16);
+    if constexpr (kPowerOfTwoRows) {
+      const uint32_t linear = static_cast<uint32_t>(key * kRowBytes);
+      const uint32_t half = linear / kStageHalf;
+      return half * kBufferBytes + wg * kStageHalf + linear % kStageHalf +
+             static_cast<uint32_t>((chunk ^ (key & 7)) * 16);
+    } else {
+      const int half = key >= kRowsPerHalf ? 1 : 0;
+      const int row = key - half * kRowsPerHalf;
+      const int swizzled = (chunk & ~3) | ((chunk ^ (key >> 1)) & 3);
+      return static_cast<uint32_t>(half * kBufferBytes + wg * kStageHalf + row * kRowBytes + swizzled * 16);
+    }
   }
 };
 

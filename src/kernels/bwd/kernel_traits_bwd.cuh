@@ -9,6 +9,7 @@
 #include "core/mask.hpp"
 #include "kernels/bwd/tile_config_bwd.hpp"
 #include "kernels/common/barriers.cuh"
+#include "kernels/common/gmma_64x48.cuh"
 #include "kernels/common/schedule.hpp"
 #include "kernels/common/score_mod.cuh"
 #include "schedule/plan.hpp"
@@ -50,11 +51,16 @@ struct KernelTraits {
   // Q, dO, K, V: head dim contiguous, 128-byte swizzle (the wgmma-native K-major layout); at
   // D = 192 the wide kernel's warpgroups take 96 columns each of dO^T, Q^T and K^T, which cut a
   // 128-byte atom (64 columns) in two: there 64-byte atoms (32 columns), as the D = 96 forward.
-  using SmemAtomK = std::conditional_t<Config::kWide && (kHeadDim / 2) % 64 != 0,
-                                       decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
+  // At D = 96 (3 x 32 columns) Q and dO in 64-byte atoms too, and K, V in 32-byte ones (16
+  // columns): dQ = dS K gives each warpgroup 48 columns of K^T, and an MN-major operand's
+  // instruction cannot start inside an atom and run past its end (warpgroup 1 starts at 48).
+  static constexpr bool kDim96 = !Config::kWide && kHeadDim % 64 != 0;
+  static constexpr bool kAtoms64 = (Config::kWide ? kHeadDim / 2 : kHeadDim) % 64 != 0;
+  using SmemAtomQ = std::conditional_t<kAtoms64, decltype(GMMA::Layout_K_SW64_Atom<Element>{}),
                                        decltype(GMMA::Layout_K_SW128_Atom<Element>{})>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim, Int<kStages>>{}));
-  using SmemLayoutQStage = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockM, HeadDim>{}));  // the TMA box
+  using SmemAtomK = std::conditional_t<kDim96, decltype(GMMA::Layout_K_SW32_Atom<Element>{}), SmemAtomQ>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<BlockM, HeadDim, Int<kStages>>{}));
+  using SmemLayoutQStage = decltype(tile_to_shape(SmemAtomQ{}, Shape<BlockM, HeadDim>{}));  // the TMA box
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<BlockN, HeadDim>{}));
   // The same bytes read as (head dim, rows): the MN-major B operands of dV += P^T dO,
   // dK += dS^T Q (dO and Q transposed) and dQ = dS K (K transposed).
@@ -77,11 +83,13 @@ struct KernelTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               WgAlongM{}));
-  // dQ = dS K: the Q block's 64 rows x D over all 128 keys; the two warpgroups split the head dim.
-  using TiledMmaDqSplit = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, _2, _1>>{}));
+  // dQ = dS K: the Q block's 64 rows x D over all 128 keys; the two warpgroups split the head dim
+  // (at D = 96 48 columns each: common/gmma_64x48.cuh, a shape CuTe's selector leaves out).
+  using DqSplitOp = std::conditional_t<
+      kHeadDim / 2 == 48, common::Gmma64x48x16SS<Element, GMMA::Major::MN, GMMA::Major::MN>,
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>,
+                                    GMMA::Major::MN, GMMA::Major::MN>())>;
+  using TiledMmaDqSplit = decltype(make_tiled_mma(DqSplitOp{}, Layout<Shape<_1, _2, _1>>{}));
 
   // The wide tile (Config::kWide, mainloop_bwd_wide.cuh): S^T and dP^T of all 64 keys x 64 rows
   // in each warpgroup (a one-warpgroup MMA, sliced at the thread's index in its warpgroup); dV

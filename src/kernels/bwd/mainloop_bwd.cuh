@@ -48,7 +48,8 @@ struct Consumer {
   static constexpr int kLowerKBlocks = kKeysPerWarpgroup / 16;
   // Warpgroup 1 idles on tiles whose upper keys are past the sequence (below). At D = 64 the
   // branches spread the dV/dK wgmma issue (descriptors rebuilt after the merge) and cost 5-16%
-  // on the long batches (compare.py, H200, 2026-12-01) for +7% on short: D = 128 only.
+  // on the long batches (compare.py, H200, 2026-12-01) for +7% on short; at D = 96 -6 to -11% on
+  // the long ones for nothing on short (2026-12-04): D = 128 only.
   static constexpr bool kSkipIdleUpperKeys = Traits::kHeadDim == 128;
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).

@@ -37,13 +37,13 @@ struct PreprocessParams {
 // division per item read O and dO at 2.3 TB/s, about half the memory's rate.
 template <int kHeadDim>
 struct PreprocessShape {
-  // A row's 16-byte chunks; the lanes a row, a power of two (the shuffle reduction's): at D = 192
-  // 32 lanes for 24 chunks, the last 8 idle (kIdleLanes).
+  // A row's 16-byte chunks; the lanes a row, a power of two (the shuffle reduction's): at D = 96
+  // 16 lanes for 12 chunks, at D = 192 32 lanes for 24, the last ones idle (kIdleLanes).
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kLanesPerRow = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
   static constexpr bool kIdleLanes = kLanesPerRow != kChunks;
-  static_assert(kChunks <= 32 && (kChunks == 8 || kChunks == 16 || kChunks == 24 || kChunks == 32),
-                "head dims 64, 128, 192, 256");
+  static_assert(kChunks == 8 || kChunks == 12 || kChunks == 16 || kChunks == 24 || kChunks == 32,
+                "head dims 64, 96, 128, 192, 256");
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerCta = kThreads / kLanesPerRow;
   // CTA c serves rows [kRowsPerCta (c / H), ...) of head c % H: consecutive CTAs read one row

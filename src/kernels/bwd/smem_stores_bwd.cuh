@@ -42,15 +42,24 @@ struct SmemStoreOffsets {
   static constexpr int kDqCols = kHeadDim / 2;  // a warpgroup's columns
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kBoxBytes = kBlockM * 128;  // 32 floats x kBlockM rows
-  static_assert(kDqCols % 32 == 0, "a warpgroup's columns are whole boxes");
+  // At D = 96 a warpgroup's 48 columns are one box and a half: warpgroup 1 starts in the middle
+  // of box 1.
+  static constexpr bool kWholeBoxes = kDqCols % 32 == 0;
   // Column 8 j + 2 (l%4) is in box j / 4 (plus the warpgroup's boxes), chunk 2 (j%4) + (l%4)/2 of
-  // its row, XOR-ed with row % 8 = l / 4: (2 (j%4)) XOR a per-thread term, as for dS.
+  // its row, XOR-ed with row % 8 = l / 4: (2 (j%4)) XOR a per-thread term, as for dS. Without
+  // whole boxes, j counts from the stage's first column (g below) instead.
   static __host__ __device__ uint32_t dq_pair(int thread, int j, int h) {
     const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
     const int row = warp * 16 + h * 8 + (lane >> 2);
     const int chunk_term = ((lane >> 1) & 1) ^ (lane >> 2);
-    return static_cast<uint32_t>((warpgroup * (kDqCols / 32) + j / 4) * kBoxBytes + row * 128 +
-                                 (((2 * (j % 4)) ^ chunk_term) << 4) + (lane & 1) * 8);
+    if constexpr (kWholeBoxes) {
+      return static_cast<uint32_t>((warpgroup * (kDqCols / 32) + j / 4) * kBoxBytes + row * 128 +
+                                   (((2 * (j % 4)) ^ chunk_term) << 4) + (lane & 1) * 8);
+    } else {
+      const int g = warpgroup * kDqGroups + j;
+      return static_cast<uint32_t>((g / 4) * kBoxBytes + row * 128 + (((2 * (g % 4)) ^ chunk_term) << 4) +
+                                   (lane & 1) * 8);
+    }
   }
 };
 

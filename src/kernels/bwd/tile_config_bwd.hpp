@@ -62,12 +62,14 @@ struct TileConfig {
   // launch bound's 168 registers a thread). A request past the pool never completes. At D = 64
   // the consumers' dK/dV accumulators are half as large: 72 / 216 ends the loader's spills (476
   // bytes of stores at 24, 0 at 72; the consumers stay free of local memory, check_sass); at
-  // D = 128, 32 / 232 makes ptxas serialise the consumers' wgmmas and spill them.
-  static constexpr int kProducerRegisters = kHeadDim == 64 ? 72 : 24;
-  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : 240;
+  // D = 128, 32 / 232 makes ptxas serialise the consumers' wgmmas and spill them. At D = 96
+  // (96 registers of dK/dV a thread) 56 / 224 ends the loader's spills (316 bytes at 24; 40 / 232
+  // leaves 92), the consumers free of local memory either way.
+  static constexpr int kProducerRegisters = kHeadDim == 64 ? 72 : kHeadDim == 96 ? 56 : 24;
+  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : kHeadDim == 96 ? 224 : 240;
 
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
-                "the Hopper backward serves head dims 64, 128, 192 and 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "the Hopper backward serves head dims 64, 96, 128, 192 and 256");
   static_assert(!kBlockSparse || (JF_BLOCK_MASK_BLOCK % kBlockM == 0 && JF_BLOCK_MASK_BLOCK % kBlockN == 0),
                 "a block-sparse map's blocks hold whole tiles");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 168 * kThreads,
