@@ -40,6 +40,7 @@ struct KernelTraits {
   static constexpr int kStages = Config::kStages;
   static constexpr int kDqStages = Config::kDqStages;
   static constexpr int kDsBuffers = Config::kDsBuffers;
+  static constexpr int kProducerRegisters = Config::kProducerRegisters;
   using ScoreMod = common::KernelScoreMod<Config::kScoreMod>;
   static constexpr bool kPaddedHeadDim = Config::kPaddedHeadDim;
   static constexpr bool kBlockSparse = Config::kBlockSparse;

@@ -54,6 +54,13 @@ struct Loader {
   using BlockN = typename Traits::BlockN;
   using HeadDim = typename Traits::HeadDim;
   static constexpr int kStages = Traits::kStages;
+  // Where the loop reads the tile's fields: at 24 registers (the 128 and wide kernels, whose
+  // consumers need the rest) kept in registers they pushed the loader into local memory (ptxas:
+  // 296 / 368 bytes of spill stores at D = 128 / 256, 164 / 152 read from the slot; the barrier
+  // waits clobber memory, so they are re-read after each): H200, compare.py, the wide backwards
+  // +6-10%, 128 +0-3%. With more registers (64: 72, 96: 56; no spills) the slot's re-reads cost
+  // the D = 96 kernel 2-5%: there the fields stay in registers.
+  static constexpr bool kTileFromSlot = Traits::kProducerRegisters < 56;
 
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem) {
     Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.total_q, HeadDim{}, p.num_heads));
@@ -74,14 +81,15 @@ struct Loader {
       wait_released(smem.tile_empty, RingPosition<kSlots>{round});
       const int32_t tile = next_tile(p, static_cast<int32_t>(round));
       const bool has_tile = tile < total_tiles;
-      TileInfo t{};
+      TileInfo t_regs{};
       if (has_tile) {
-        t = decode_tile(p, tile, num_pairs, smem.dq_turns_descending);
-        smem.tile[slot] = t;
+        t_regs = decode_tile(p, tile, num_pairs, smem.dq_turns_descending);
+        smem.tile[slot] = t_regs;
       }
       smem.has_tile[slot] = has_tile;
       ArrivalBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
       if (!has_tile) return;
+      const TileInfo& t = kTileFromSlot ? smem.tile[slot] : t_regs;
 
       // K and V of the tile, once, issued right after the tile's first Q block: the first Q and
       // dO then load while the consumers finish the previous tile, and V (freed after the
