@@ -351,33 +351,25 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
   // A block-sparse map: 64 and 128 only, never the D = 96 forward.
   const auto* sparse80 = kernels::find_hopper_forward(JF_BF16, 80, JF_SCORE_MOD_NONE, true);
   EXPECT_EQ(sparse80, nullptr);
-  // The backward's D = 96 kernel (the 128-key tile): 72-88 run it padded, 96 its own, 104-120
-  // the 128 one padded.
+  // The backward's kernel for each head dim from 72 up: the 128-key tiles of 96 (72-88 padded)
+  // and 128 (104-120 padded), past 128 the wide kernels (64-key tiles) of 192 (a backward-only
+  // head dim; 136-184 padded) and 256 (200-248 padded); not with a score modifier or a
+  // block-sparse map past 128 (below).
   for (jf_dtype dt : built_hopper_dtypes())
-    for (int d = 72; d <= 120; d += 8) {
+    for (int d = 72; d <= 256; d += 8) {
       const auto* b = kernels::find_hopper_backward(dt, d, JF_SCORE_MOD_NONE);
       ASSERT_NE(b, nullptr) << d;
-      const int want = d <= 96 ? 96 : 128;
+      const int want = d <= 96 ? 96 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
       EXPECT_EQ(b->head_dim, want) << d;
       EXPECT_EQ(b->padded, d != want) << d;
-      EXPECT_EQ(kernels::backward_block_n(b->head_dim), 128) << d;
+      EXPECT_EQ(kernels::backward_block_n(b->head_dim), want > 128 ? 64 : 128) << d;
     }
+  // A narrower v runs q's kernel padded (V and dO zero-filled past it): (96, 64), DeepSeek's
+  // (192, 128).
   const auto* narrow_v96 = kernels::find_hopper_backward(JF_BF16, 96, JF_SCORE_MOD_NONE, false, 64);
   ASSERT_NE(narrow_v96, nullptr);
   EXPECT_EQ(narrow_v96->head_dim, 96);
   EXPECT_TRUE(narrow_v96->padded);
-  // Past 128 the backward's wide kernels (64-key tiles): 192 (a backward-only head dim) for
-  // 136-192, padded below it and for a narrower v (DeepSeek's 192 / 128), 256 for 200-256; not with
-  // a score modifier or a block-sparse map.
-  for (jf_dtype dt : built_hopper_dtypes())
-    for (int d = 136; d <= 256; d += 8) {
-      const auto* b = kernels::find_hopper_backward(dt, d, JF_SCORE_MOD_NONE);
-      ASSERT_NE(b, nullptr) << d;
-      const int want = d <= 192 ? 192 : 256;
-      EXPECT_EQ(b->head_dim, want) << d;
-      EXPECT_EQ(b->padded, d != want) << d;
-      EXPECT_EQ(kernels::backward_block_n(b->head_dim), 64) << d;
-    }
   const auto* deepseek = kernels::find_hopper_backward(JF_BF16, 192, JF_SCORE_MOD_NONE, false, 128);
   ASSERT_NE(deepseek, nullptr);
   EXPECT_EQ(deepseek->head_dim, 192);
