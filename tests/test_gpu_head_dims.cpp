@@ -7,6 +7,7 @@
 // head dim, with nothing written.
 #include "core/dtype.hpp"
 #include "gpu_call_checks.hpp"
+#include "kernels/fwd/variants.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -169,6 +170,26 @@ TEST(GpuHeadDims, NarrowerVBackward) {
   s.v_head_dim = 80;
   run_and_check(s, /*with_backward=*/true);
   unsetenv("JAGFLASH_BWD_GROUP_SPLITS");
+}
+
+// A max_seqlen hint of at most 256 (every sequence short): the forward's two-pair tile (one
+// warpgroup, 64 query rows a tile, two pairs a CTA) on the 64, 96 and 128 kernels, padded below
+// them and at 96's own head dim; both dtypes, every mask, lengths 0 and 1, q != kv, GQA.
+TEST(GpuHeadDims, ShortHintTakesThePairsBothDirections) {
+  uint64_t seed = 700;
+  for (int d : {40, 80, 96, 112})
+    for (jf_dtype dt : {JF_BF16, JF_FP16})
+      for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
+        BatchSpec s = awkward(d, dt, mask, ++seed);
+        s.len_kv[3] = 256;  // every length at most the hint
+        s.max_seqlen_hint = 256;
+        GpuBatch probe = testing::make_gpu_batch(s);
+        const kernels::fwd::ForwardVariant v =
+            kernels::fwd::choose_forward_variant(probe.forward_args(JF_BACKEND_AUTO), {});
+        EXPECT_EQ(v.pairs, 2) << "D=" << d;
+        run_and_check(s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
+        if (::testing::Test::HasFatalFailure()) return;
+      }
 }
 
 // Longer sequences (the forward's mask-free bulk, several Q blocks a backward tile, MQA) in both

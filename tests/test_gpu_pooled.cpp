@@ -432,7 +432,7 @@ TEST(GpuPooled, HopperBackendServesOrRefusesPooledProblems) {
   if (serves(run, JF_BACKEND_HOPPER)) {
     uint64_t seed = 1990;
     for (jf_dtype dtype : {JF_BF16, JF_FP16})
-      for (int d : {64, 128})
+      for (int d : {64, 80, 96, 128})  // 80 padded on the 96 kernel
         for (int lq : {1, 16, 64, 128, 200}) {
           PooledSpec s;
           s.lq = lq;

@@ -57,7 +57,8 @@ void expect_default_tile(const ForwardVariant& v, int head_dim) {
 }
 
 // No knob, no hint, no pooling, no modifier: D = 64 without a mask takes three consumer
-// warpgroups (192-row tiles), every other (head dim, mask) the two-warpgroup 128 x 128 tile.
+// warpgroups (192-row tiles), every other (head dim, mask) the two-warpgroup 128 x 128 tile (96's
+// own kernel included).
 TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
   struct Case {
     int head_dim;
@@ -65,8 +66,8 @@ TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
     int warpgroups;
   };
   const Case cases[] = {
-      {128, JF_MASK_NONE, 2}, {128, JF_MASK_CAUSAL, 2}, {128, JF_MASK_WINDOW, 2},
-      {64, JF_MASK_NONE, 3},  {64, JF_MASK_CAUSAL, 2},  {64, JF_MASK_WINDOW, 2},
+      {128, JF_MASK_NONE, 2},  {128, JF_MASK_CAUSAL, 2}, {128, JF_MASK_WINDOW, 2}, {64, JF_MASK_NONE, 3},
+      {64, JF_MASK_CAUSAL, 2}, {64, JF_MASK_WINDOW, 2},  {96, JF_MASK_NONE, 2},    {96, JF_MASK_CAUSAL, 2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(testing::Message() << "D=" << c.head_dim << " mask=" << c.mask);
@@ -119,20 +120,21 @@ TEST(ForwardVariants, ShapeKnobsReachOnlyTheirTiles) {
 }
 
 // Two independent pairs: one warpgroup and 64 rows per tile whatever else is forced, 64-key
-// blocks at D = 128 (two 128-key K/V stages per pair would not fit), no ping-pong.
+// blocks on the 96 and 128 kernels (two 128-key K/V stages per pair would not fit), no ping-pong;
+// at the kernels' own head dims and padded below them.
 TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
   ForwardKnobs knobs;
   knobs.pairs = 2;
   knobs.ping_pong = 1;
   knobs.warpgroups = 3;
-  for (int head_dim : {64, 128})
+  for (int head_dim : {64, 96, 128, 8, 40, 80, 112})
     for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) {
       const ForwardVariant v = choose_forward_variant(call(head_dim, mask), knobs);
       SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
       EXPECT_EQ(v.pairs, 2);
       EXPECT_EQ(v.warpgroups, 1);
       EXPECT_EQ(v.block_m(), 64);
-      EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128);
+      EXPECT_EQ(v.block_n, head_dim <= 64 ? 128 : 64);
       EXPECT_FALSE(v.ping_pong);
     }
   knobs.pairs = 1;
@@ -140,13 +142,14 @@ TEST(ForwardVariants, PairsKnobGivesSingleWarpgroupTiles) {
 }
 
 // A rule that picks the two single-warpgroup pairs: set(a, x) for each x in `picks` gives them (one
-// warpgroup a tile, 64-key blocks at D = 128), each x in `keeps` the one-pair default, and the
-// one-pair knob wins over a picking value; at both head dims, under each of `masks`.
+// warpgroup a tile, 64-key blocks on the 96 and 128 kernels), each x in `keeps` the one-pair
+// default, and the one-pair knob wins over a picking value; at the kernel head dims up to 128 and
+// padded ones, under each of `masks`.
 template <class Set>
 void expect_pairs_rule(std::initializer_list<jf_mask> masks, Set set, std::initializer_list<int32_t> picks,
                        std::initializer_list<int32_t> keeps, const char* what) {
   const ForwardKnobs no_knobs;
-  for (int head_dim : {64, 128})
+  for (int head_dim : {64, 96, 128, 32, 80, 120})
     for (jf_mask mask : masks) {
       SCOPED_TRACE(testing::Message() << "D=" << head_dim << " mask=" << mask);
       jf_fwd_args a = call(head_dim, mask);
@@ -155,7 +158,7 @@ void expect_pairs_rule(std::initializer_list<jf_mask> masks, Set set, std::initi
         const ForwardVariant v = choose_forward_variant(a, no_knobs);
         EXPECT_EQ(v.pairs, 2) << what << " " << x;
         EXPECT_EQ(v.warpgroups, 1) << what << " " << x;
-        EXPECT_EQ(v.block_n, head_dim == 128 ? 64 : 128) << what << " " << x;
+        EXPECT_EQ(v.block_n, head_dim <= 64 ? 128 : 64) << what << " " << x;
       }
       for (int32_t x : keeps) {
         set(a, x);
@@ -247,52 +250,48 @@ TEST(ForwardVariants, ScoreModifierTakesTheDefaultTile) {
   }
 }
 
-// A head dim below its kernel's (a multiple of 8 that is not 64, 128 or 256) runs that kernel
-// padded, instantiated for the default tile alone (fwd_launch.cuh run_forward_padded): two
-// warpgroups and 128-key blocks up to 128, the D = 256 kernel's 32-key blocks above. The chooser
-// must name that tile whatever would pick another at the kernel's own head dim: no mask (D = 64's
-// three warpgroups; at D = 128 it is the default tile anyway), a short hint, a small pooled query
-// set, every knob.
-TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTile) {
+// A head dim below its kernel's (a multiple of 8 that is not 64, 96, 128, 192 or 256) runs that
+// kernel padded, instantiated for the default tile and, up to 128, the two pairs
+// (fwd_launch.cuh run_forward_default_tile): two warpgroups and 128-key blocks up to 128, the 192
+// and 256 kernels' 64- and 32-key blocks above. No shape knob reaches it (D = 64's three
+// warpgroups, the 64-key blocks, ping-pong); a short hint, a small pooled query set or the pairs
+// knob give the pairs up to 128 and the default tile past it.
+TEST(ForwardVariants, PaddedHeadDimsTakeTheDefaultTileOrThePairs) {
   struct Input {
     const char* what;
     jf_mask mask;
     int32_t hint, pooled_rows;
     ForwardKnobs knobs;
-    bool differs_at_128;  // whether D = 128 itself picks another tile for it
+    bool pairs;  // whether it picks the two pairs up to 128
   };
+  ForwardKnobs shape_knobs = every_knob();
+  shape_knobs.pairs = 0;
   const Input inputs[] = {
       {"no mask", JF_MASK_NONE, 0, 0, ForwardKnobs{}, false},
+      {"every shape knob", JF_MASK_CAUSAL, 0, 0, shape_knobs, false},
       {"a short hint", JF_MASK_CAUSAL, 100, 0, ForwardKnobs{}, true},
       {"a small pooled query set", JF_MASK_WINDOW, 0, 16, ForwardKnobs{}, true},
       {"every knob", JF_MASK_CAUSAL, 0, 0, every_knob(), true},
   };
-  for (int head_dim : {8, 32, 40, 72, 96, 112, 136, 192, 248})
+  for (int head_dim : {8, 32, 40, 72, 88, 104, 112, 136, 184, 248})
     for (const Input& in : inputs) {
       SCOPED_TRACE(testing::Message() << in.what << ": D=" << head_dim);
-      // The forward's kernel head dims: 64, 96 (its default tile alone), 128, 192 (64-key blocks),
-      // 256 (32-key blocks).
-      const int kernel_head_dim = head_dim <= 64    ? 64
-                                  : head_dim <= 96  ? 96
-                                  : head_dim <= 128 ? 128
-                                  : head_dim <= 192 ? 192
-                                                    : 256;
+      // The forward's kernel head dims: 64, 96 (or 128 in a build without it), 128, 192, 256.
+      const auto* entry = kernels::find_hopper_forward(JF_BF16, head_dim, JF_SCORE_MOD_NONE);
+      const int kernel_d = entry != nullptr ? entry->head_dim : kernels::kernel_head_dim(head_dim);
       jf_fwd_args a = call(head_dim, in.mask);
       a.launch.max_seqlen_hint = in.hint;
       a.problem.pooled_q_rows = in.pooled_rows;
       const ForwardVariant v = choose_forward_variant(a, in.knobs);
-      expect_default_tile(v, kernel_head_dim);
       EXPECT_EQ(v.schedule, in.knobs.schedule);
-      // The D = 96, 192 and 256 kernels have this one tile anyway.
-      if (kernel_head_dim == 96 || kernel_head_dim >= 192) continue;
-      if (kernel_head_dim == 128 && !in.differs_at_128) continue;
-      jf_fwd_args own = call(kernel_head_dim, in.mask);
-      own.launch.max_seqlen_hint = in.hint;
-      own.problem.pooled_q_rows = in.pooled_rows;
-      const ForwardVariant unpadded = choose_forward_variant(own, in.knobs);
-      EXPECT_TRUE(unpadded.warpgroups != 2 || unpadded.block_n != 128 || unpadded.pairs != 1 ||
-                  unpadded.ping_pong)
-          << "at D = " << kernel_head_dim << " this case already takes the default tile";
+      if (in.pairs && kernel_d <= 128) {
+        EXPECT_EQ(v.pairs, 2);
+        EXPECT_EQ(v.warpgroups, 1);
+        EXPECT_EQ(v.block_n, kernel_d == 64 ? 128 : 64);
+        EXPECT_FALSE(v.ping_pong);
+      } else {
+        expect_default_tile(v, kernel_d);
+      }
     }
 }
 

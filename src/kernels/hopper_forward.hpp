@@ -55,6 +55,11 @@ inline int kernel_head_dim(int head_dim) {
 // 192 (Q 48 KB, the O staging 50 KB, two K/V stages of 48 KB), 32 at 256.
 constexpr int forward_block_n_past_128(int kernel_head_dim) { return kernel_head_dim == 192 ? 64 : 32; }
 
+// The key block of the forward's two-pair tile (one warpgroup, 64 query rows a tile, two
+// independent pairs a CTA, half the shared memory each) at kernel head dims 64, 96 and 128: 128 at
+// 64 (two K/V stages fit beside two Q buffers), 64 at 96 (three stages) and 128 (two).
+constexpr int forward_pairs_block_n(int kernel_head_dim) { return kernel_head_dim == 64 ? 128 : 64; }
+
 // True when the current device can run sm_90a code (compute capability 9.0).
 bool hopper_device_present();
 

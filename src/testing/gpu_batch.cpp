@@ -113,6 +113,7 @@ jf_fwd_args GpuBatch::forward_args(jf_backend backend) const {
   a.launch.workspace = workspace.get();
   a.launch.workspace_bytes = workspace.bytes();
   a.launch.backend = backend;
+  a.launch.max_seqlen_hint = spec.max_seqlen_hint;
   return a;
 }
 
@@ -128,6 +129,7 @@ jf_bwd_args GpuBatch::backward_args(jf_backend backend) const {
   a.launch.workspace = workspace.get();
   a.launch.workspace_bytes = workspace.bytes();
   a.launch.backend = backend;
+  a.launch.max_seqlen_hint = spec.max_seqlen_hint;
   return a;
 }
 

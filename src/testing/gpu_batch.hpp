@@ -25,8 +25,9 @@ struct BatchSpec {
   int window_left = -1;
   int window_right = -1;
   uint64_t seed = 1;
-  float input_range = 1.f;  // inputs drawn from U(-input_range, input_range)
-  int row_pad = 0;          // extra elements after each row, to exercise row strides
+  float input_range = 1.f;      // inputs drawn from U(-input_range, input_range)
+  int row_pad = 0;              // extra elements after each row, to exercise row strides
+  int32_t max_seqlen_hint = 0;  // jf_launch.max_seqlen_hint of both directions' calls
   // The score modifier (jf_problem's fields): softcap > 0 with JF_SCORE_MOD_SOFTCAP, one slope a
   // query head with JF_SCORE_MOD_ALIBI (copied to the device by make_gpu_batch).
   jf_score_mod score_mod = JF_SCORE_MOD_NONE;

@@ -6,6 +6,7 @@
 #include "kernels/hopper_forward.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 namespace jagflash::kernels::fwd {
 
@@ -95,11 +96,17 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   return err;
 }
 
+// The two-pair tile (variants.hpp): one warpgroup and 64 query rows a tile, two independent
+// pairs a CTA, at the kernel head dims up to 128 (with PaddedHeadDim, padded below them).
+template <class Element, int kHeadDim, class... Options>
+using PairsTileConfig = TileConfig<Element, kHeadDim, BlockN<forward_pairs_block_n(kHeadDim)>, Warpgroups<1>,
+                                   Pairs<2>, Options...>;
+
 // The instantiations per (dtype, head dim): D = 128 with 128-key blocks (and, in a build with
 // benchmark knobs, 64-key blocks and ping-pong); D = 64 with two (Q in registers; ping-pong with
-// knobs) or three consumer warpgroups; both with two independent single-warpgroup pairs (64-key
-// blocks at D = 128: 128 need more shared memory); D = 256 with two warpgroups and 32-key blocks;
-// D = 96 with the default tile.
+// knobs) or three consumer warpgroups; D = 64, 96 and 128 with two independent single-warpgroup
+// pairs; D = 256 with two warpgroups and 32-key blocks; D = 192 with 64-key blocks; D = 96 with
+// the default tile.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
@@ -109,18 +116,15 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
     // D = 192: the default tile with 64-key blocks (two K/V stages fit; tile_config.hpp).
     return run_forward_variant<TileConfig<Element, 192, BlockN<forward_block_n_past_128(192)>>>(
         a, launch, v.schedule, stream);
-  } else if constexpr (kHeadDim == 96) {
-    // D = 96 (a forward-only head dim): the default tile alone, as the chooser gives every head dim
-    // but 64 and 128 (its two-pair tile would need 64-key blocks for two K/V stages).
-    return run_forward_variant<TileConfig<Element, 96>>(a, launch, v.schedule, stream);
   } else {
     if (v.pairs == 2)
-      return run_forward_variant<
-          TileConfig<Element, kHeadDim, BlockN<kHeadDim == 128 ? 64 : 128>, Warpgroups<1>, Pairs<2>>>(
-          a, launch, v.schedule, stream);
-    // The 64-key and ping-pong tiles are chosen by benchmark knobs only (variants.hpp): compiled
-    // in a build with them (core/bench_knobs.hpp), where choose_forward_variant can return them.
-    if constexpr (kHeadDim == 128) {
+      return run_forward_variant<PairsTileConfig<Element, kHeadDim>>(a, launch, v.schedule, stream);
+    if constexpr (kHeadDim == 96) {
+      // D = 96 (a forward-only head dim): the default tile beside the pairs (no knob tiles).
+      return run_forward_variant<TileConfig<Element, 96>>(a, launch, v.schedule, stream);
+    } else if constexpr (kHeadDim == 128) {
+      // The 64-key and ping-pong tiles are chosen by benchmark knobs only (variants.hpp): compiled
+      // in a build with them (core/bench_knobs.hpp), where choose_forward_variant can return them.
       if constexpr (kBenchKnobs) {
         if (v.block_n == 64)
           return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
@@ -146,12 +150,17 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
 
 // A call with a score modifier, or with a head dim below kHeadDim (PaddedHeadDim): the default
 // tile with that option (two consumer warpgroups, 128-key blocks; 32 at D = 256), whatever the
-// knobs but the schedule (choose_forward_variant); one instantiation per (dtype, head dim, option),
-// each in its own translation unit.
+// knobs but the schedule and, padded up to 128, the two pairs (choose_forward_variant); one
+// translation unit per (dtype, head dim, option).
 template <class Element, int kHeadDim, class Option>
 cudaError_t run_forward_default_tile(const jf_fwd_args& a, const HopperForwardLaunch& launch,
                                      cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
+  if constexpr (kHeadDim <= 128 && std::is_same_v<Option, PaddedHeadDim>) {
+    if (v.pairs == 2)
+      return run_forward_variant<PairsTileConfig<Element, kHeadDim, PaddedHeadDim>>(a, launch, v.schedule,
+                                                                                    stream);
+  }
   if constexpr (kHeadDim > 128)
     return run_forward_variant<
         TileConfig<Element, kHeadDim, BlockN<forward_block_n_past_128(kHeadDim)>, Option>>(

@@ -135,12 +135,18 @@ struct TileConfig {
   static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
   static constexpr int kOStagingBytes = kBlockM * kOSmemStride * int(sizeof(Element));
   static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
-  // Two Q buffers: the next tile's Q loads while the current one runs. With two pairs there is
-  // room for one each (two would leave a single K/V stage); the other pair hides the wait. At
-  // D = 256 a second 64 KB Q buffer does not fit next to two K/V stages.
-  static constexpr int kQBuffers = kPairs == 1 && kHeadDim <= 128 ? 2 : 1;
-  static constexpr int kFitStages =
-      (kPairSmemLimit - kQBuffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  static constexpr int fit_stages(int q_buffers) {
+    return (kPairSmemLimit - q_buffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  }
+  // Two Q buffers: the next tile's Q loads while the current one runs. Past D = 128 a second
+  // buffer does not fit next to two K/V stages. With two pairs, two each where they leave as
+  // many stages as one (D = 64: two stages of 128 keys, D = 96: three of 64); at D = 128 they
+  // would leave a single stage of 64 keys, so one, and the other pair hides the wait.
+  static constexpr int kQBuffers = kHeadDim > 128                   ? 1
+                                   : kPairs == 1                    ? 2
+                                   : fit_stages(2) >= fit_stages(1) ? 2
+                                                                    : 1;
+  static constexpr int kFitStages = fit_stages(kQBuffers);
   static constexpr int kStages = kFitStages > 4 ? 4 : kFitStages;
 
   // Registers after setmaxnreg: producer x 128 + consumers x 128 x warpgroups <= 64K per SM.

@@ -77,6 +77,8 @@ struct ForwardKnobs {
 //    single-warpgroup pairs with 64-row tiles (3f78956, on short, lengths 16..256: +7% / +15%
 //    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
 //    without the hint the host cannot tell a batch of short sequences from one with a long tail.
+//    At every kernel head dim up to 128 (64, 96, 128), its own or padded below it (a narrower v
+//    too): the padded and D = 96 kernels have this tile beside their default one.
 //  - pooled attention with a query set of at most 64 rows (every tile's rows are that set): the
 //    two pairs too, so that two sequences share a CTA's 128 rows, each warpgroup's 64 rows with
 //    their own K/V range (the M of one wgmma is a warpgroup's 64 rows: the smallest row group that
@@ -88,35 +90,39 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  // Past 128, one shape per kernel (tile_config.hpp: shared memory), which the registry names (the
-  // head dim's own or the next up that serves the call): 64-key blocks at 192, 32 at 256; only the
-  // schedule knob applies.
-  if (a.problem.q.head_dim > 128) {
-    const HopperForwardEntry* e =
-        find_hopper_forward(a.problem.dtype, a.problem.q.head_dim, a.problem.score_mod,
-                            a.problem.block_mask.blocks != nullptr, a.problem.v.head_dim);
-    v.block_n = forward_block_n_past_128(e != nullptr ? e->head_dim : 256);
+  // The kernel that serves the call, as the registry names it (the head dim's own or the next up
+  // that has the call's variant; kernel_head_dim when this build has none, and the call is refused).
+  const int32_t d = a.problem.q.head_dim;
+  const HopperForwardEntry* e = find_hopper_forward(
+      a.problem.dtype, d, a.problem.score_mod, a.problem.block_mask.blocks != nullptr, a.problem.v.head_dim);
+  const int kernel_d = e != nullptr ? e->head_dim : kernel_head_dim(d);
+  // Past 128, one shape per kernel (tile_config.hpp: shared memory): 64-key blocks at 192, 32 at
+  // 256; only the schedule knob applies.
+  if (kernel_d > 128) {
+    v.block_n = forward_block_n_past_128(kernel_d);
     return v;
   }
-  // A score modifier, a head dim below the kernel's or a narrower v (padded) or a block-sparse map:
-  // the default tile (their kernels are instantiated for that one alone).
-  const int32_t d = a.problem.q.head_dim;
-  if (a.problem.v.head_dim != d) return v;
-  if (a.problem.score_mod != JF_SCORE_MOD_NONE || (d != 64 && d != 128) ||
-      a.problem.block_mask.blocks != nullptr)
-    return v;
-  if (a.problem.q.head_dim == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
-  if (a.problem.q.head_dim == 128 && k.block_n != 0) v.block_n = k.block_n;
-  if (a.problem.q.head_dim == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
-  if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
+  // A score modifier or a block-sparse map: the default tile (their kernels have that one alone).
+  if (a.problem.score_mod != JF_SCORE_MOD_NONE || a.problem.block_mask.blocks != nullptr) return v;
+  // The kernel's own head dim at 64 and 128: the shape knobs' tiles (and D = 64's three
+  // warpgroups); padded (below the kernel's head dim, or a narrower v) and D = 96 have the default
+  // tile and the two pairs only.
+  const bool own_64_or_128 =
+      (kernel_d == 64 || kernel_d == 128) && d == kernel_d && a.problem.v.head_dim == d;
+  if (own_64_or_128) {
+    if (kernel_d == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
+    if (kernel_d == 128 && k.block_n != 0) v.block_n = k.block_n;
+    if (kernel_d == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
+    if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
+  }
   const int32_t hint = a.launch.max_seqlen_hint;
   if (hint > 0 && hint <= kPairsMaxSeqlen) v.pairs = 2;
   const int32_t pooled_rows = a.problem.pooled_q_rows;
   if (pooled_rows > 0 && pooled_rows <= kPooledPairsMaxRows) v.pairs = 2;
   if (k.pairs != 0) v.pairs = k.pairs;
-  if (v.pairs == 2) {  // one warpgroup per tile; 64-key blocks at D = 128 (shared memory)
+  if (v.pairs == 2) {  // one warpgroup per tile; the key block that leaves two K/V stages a pair
     v.warpgroups = 1;
-    v.block_n = a.problem.q.head_dim == 128 ? 64 : 128;
+    v.block_n = forward_pairs_block_n(kernel_d);
     v.ping_pong = false;
   }
   return v;
