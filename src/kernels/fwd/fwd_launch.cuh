@@ -1,17 +1,60 @@
 // Host side of the Hopper forward: TMA descriptors, the plan, the launch.
 #pragma once
 
+#include "core/bench_knobs.hpp"
 #include "kernels/common/launch_common.cuh"
 #include "kernels/fwd/fwd_kernel.cuh"
 #include "kernels/hopper_forward.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 namespace jagflash::kernels::fwd {
 
 using common::gmem_tensor;
 using common::sm_count;
+
+// The L2 budget of a group of heads in the plan's order under a mask (schedule::HeadOrder): 32 of
+// the H100/H200's 50 MB of L2 (FA3 sizes its head groups by the same figure), so a group's K and V
+// stay there while Q, O and the next group's first blocks stream through. Benchmark knob, read at every
+// launch so that one process can time orders side by side: JAGFLASH_FWD_L2_GROUP_KB (0: heads innermost, the
+// order before 2026-12-05). Without a mask the order stays head by head.
+constexpr int64_t kDefaultFwdL2GroupBytes = int64_t(32) << 20;
+inline int64_t fwd_l2_group_bytes_knob() {
+  if (const char* v = bench_knob("JAGFLASH_FWD_L2_GROUP_KB")) {
+    char* end = nullptr;
+    const long kb = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && kb >= 0 && kb <= (long(1) << 22)) return int64_t(kb) << 10;
+  }
+  return kDefaultFwdL2GroupBytes;
+}
+
+// OnlineSoftmax's keep_max: a row keeps its running max while a block's maximum passes it by at
+// most 2^8 (log2 units), so once a row's max has settled O's rescale is skipped (a warp's rows
+// all kept theirs). Benchmark knob, read at every launch: JAGFLASH_FWD_KEEP_MAX = a value in
+// [0, 16], or a negative one for the softmax before 2026-12-05 (the max always moves, O always
+// rescaled). Bounded by 16: the probabilities reach 2^keep_max, far inside fp16's range.
+constexpr float kDefaultKeepMax = 8.f;
+inline float fwd_keep_max_knob() {
+  if (const char* v = bench_knob("JAGFLASH_FWD_KEEP_MAX")) {
+    char* end = nullptr;
+    const float x = std::strtof(v, &end);
+    if (end != v && *end == '\0' && x <= 16.f) return x < 0.f ? -1.f : x;
+  }
+  return kDefaultKeepMax;
+}
+
+// The plan's head order for a call: head by head without a mask, else L2-sized groups of heads.
+inline schedule::HeadOrder forward_head_order(const jf_problem& pb, const MaskPolicy& mask,
+                                              int element_bytes) {
+  if (mask.is_full()) return schedule::kHeadByHead;
+  const int64_t row_bytes = int64_t(pb.k.head_dim + pb.v.head_dim) * element_bytes;  // one K and one V row
+  const int64_t rows = fwd_l2_group_bytes_knob() / (row_bytes > 0 ? row_bytes : 1);
+  const int32_t group = pb.k.heads > 0 ? pb.q.heads / pb.k.heads : 1;
+  return {static_cast<int32_t>(rows < INT32_MAX ? rows : INT32_MAX), group};
+}
 
 template <class Config>
 cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,
@@ -79,6 +122,8 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.num_pairs = plan.num_pairs;
   p.tile_counter = plan.tile_counter;
   p.schedule = schedule;
+  p.head_order = forward_head_order(pb, mask, static_cast<int>(sizeof(Element)));
+  p.keep_max = fwd_keep_max_knob();
 
   constexpr size_t kSmemBytes = Config::kPairs * sizeof(SharedStorage<Traits>);
   static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
