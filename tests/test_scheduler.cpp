@@ -476,19 +476,20 @@ TEST(Scheduler, BackwardL2GroupSize) {
 }
 
 // The forward kernels' order of a batch's tiles: the plan's (sort_sequences_heaviest_first),
-// head by head inside a sequence without a mask, in L2 groups of heads with one (the plan lists
-// (batch, q block) pairs; kernels/fwd/scheduler_fwd.cuh decodes the heads so, and
-// TileInSequenceDecodesThePlanOrder holds that decoding to this order). The default L2 group at
-// D = 128 bf16 (kernels/fwd/fwd_launch.cuh): 32 MB over a K and a V row.
+// head by head inside a sequence without a mask, heads innermost with one by default, or in L2
+// groups of heads (JAGFLASH_FWD_L2_GROUP_KB; the plan lists (batch, q block) pairs;
+// kernels/fwd/scheduler_fwd.cuh decodes the heads so, and TileInSequenceDecodesThePlanOrder holds
+// that decoding to this order). l2_group_rows: 0, the default, or the candidate 32 MB over a K
+// and a V row at D = 128 bf16 (kernels/fwd/fwd_launch.cuh).
 constexpr int32_t kFwdL2GroupRows = (32 << 20) / ((128 + 128) * 2);
 std::vector<Tile> forward_plan_order(const std::vector<int32_t>& q_offsets,
                                      const std::vector<int32_t>& kv_offsets, int num_heads,
-                                     const MaskPolicy& mask, TileShape shape) {
+                                     const MaskPolicy& mask, TileShape shape, int32_t l2_group_rows = 0) {
   const int batch_size = static_cast<int>(q_offsets.size()) - 1;
   std::vector<Tile> tiles = build_tiles(q_offsets.data(), kv_offsets.data(), batch_size, num_heads, mask,
                                         shape, Direction::kForward);
   sort_sequences_heaviest_first(tiles, q_offsets.data(), kv_offsets.data(), shape,
-                                mask.is_full() ? kHeadByHead : HeadOrder{kFwdL2GroupRows, 1});
+                                mask.is_full() ? kHeadByHead : HeadOrder{l2_group_rows, 1});
   return tiles;
 }
 
@@ -627,6 +628,11 @@ TEST(Scheduler, MakespanOnBenchmarkDistributions) {
                   << std::setprecision(1) << bound << std::setw(10) << std::setprecision(4) << dynamic
                   << std::setw(10) << zigzag << std::setw(10) << lpt_dynamic << "\n";
         EXPECT_LE(dynamic, 1.02);
+        if (d == Direction::kForward) {  // the candidate L2 groups of heads (JAGFLASH_FWD_L2_GROUP_KB)
+          const std::vector<Tile> grouped =
+              forward_plan_order(offsets, offsets, kNumHeads, mask.policy, shape, kFwdL2GroupRows);
+          EXPECT_LE(static_cast<double>(makespan_dynamic(grouped, kNumSms)) / bound, 1.02) << "L2 groups";
+        }
       }
     }
   }

@@ -16,12 +16,14 @@ namespace jagflash::kernels::fwd {
 using common::gmem_tensor;
 using common::sm_count;
 
-// The L2 budget of a group of heads in the plan's order under a mask (schedule::HeadOrder): 32 of
-// the H100/H200's 50 MB of L2 (FA3 sizes its head groups by the same figure), so a group's K and V
-// stay there while Q, O and the next group's first blocks stream through. Benchmark knob, read at every
-// launch so that one process can time orders side by side: JAGFLASH_FWD_L2_GROUP_KB (0: heads innermost, the
-// order before 2026-12-05). Without a mask the order stays head by head.
-constexpr int64_t kDefaultFwdL2GroupBytes = int64_t(32) << 20;
+// The L2 budget of a group of heads in the plan's order under a mask (schedule::HeadOrder). 32 MB
+// of the H100/H200's 50 MB of L2 (FA3 sizes its head groups by the same figure) is the candidate:
+// a group's K and V would stay there while Q, O and the next group's first blocks stream through.
+// Off by default (0: every head of a sequence in one group, the order before 2026-12-05) until it
+// is measured on the GPU (bench/NOTES.md, session 40: the device could not be started).
+// Benchmark knob, read at every launch so that one process can time orders side by side:
+// JAGFLASH_FWD_L2_GROUP_KB. Without a mask the order stays head by head.
+constexpr int64_t kDefaultFwdL2GroupBytes = 0;
 inline int64_t fwd_l2_group_bytes_knob() {
   if (const char* v = bench_knob("JAGFLASH_FWD_L2_GROUP_KB")) {
     char* end = nullptr;
@@ -31,12 +33,13 @@ inline int64_t fwd_l2_group_bytes_knob() {
   return kDefaultFwdL2GroupBytes;
 }
 
-// OnlineSoftmax's keep_max: a row keeps its running max while a block's maximum passes it by at
-// most 2^8 (log2 units), so once a row's max has settled O's rescale is skipped (a warp's rows
-// all kept theirs). Benchmark knob, read at every launch: JAGFLASH_FWD_KEEP_MAX = a value in
-// [0, 16], or a negative one for the softmax before 2026-12-05 (the max always moves, O always
-// rescaled). Bounded by 16: the probabilities reach 2^keep_max, far inside fp16's range.
-constexpr float kDefaultKeepMax = 8.f;
+// OnlineSoftmax's keep_max: with a value >= 0 a row keeps its running max while a block's maximum
+// passes it by at most that many log2 units (8 is the candidate), so once a row's max has settled
+// O's rescale is skipped (a warp's rows all kept theirs). Off by default (negative: the max always
+// moves, O always rescaled, the softmax before 2026-12-05) until measured on the GPU. Benchmark
+// knob, read at every launch: JAGFLASH_FWD_KEEP_MAX, at most 16 (the probabilities reach
+// 2^keep_max, far inside fp16's range).
+constexpr float kDefaultKeepMax = -1.f;
 inline float fwd_keep_max_knob() {
   if (const char* v = bench_knob("JAGFLASH_FWD_KEEP_MAX")) {
     char* end = nullptr;
