@@ -39,6 +39,12 @@ JAGFLASH_FWD_PAIRS=2 step "hopper tests, 2 pairs" hopper_pairs.log "$limit" "$bu
 # The two pairs on the padded kernels (below 64, 96, 128) and at 96's own head dim, every case.
 JAGFLASH_FWD_PAIRS=2 step "head dims, 2 pairs" head_dims_pairs.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHeadDims.Padded*:GpuHeadDims.NarrowerVForward'
 JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+# The plan's head order under a mask in L2 groups (64 KB cuts the tests' sequences into groups of
+# one to a few heads; 32768 is the candidate default) and the softmax's running max kept within
+# 2^8 (off by default; GpuHopperForward.RunningMaxKeptOrMovedMatchesReference sets it itself).
+JAGFLASH_FWD_L2_GROUP_KB=64 step "hopper tests, small L2 head groups" hopper_l2_small.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims.Padded*'
+JAGFLASH_FWD_L2_GROUP_KB=32768 step "hopper tests, 32 MB L2 head groups" hopper_l2_32mb.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+JAGFLASH_FWD_KEEP_MAX=8 step "hopper tests, running max kept" hopper_keep_max.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims.Padded*:GpuScoreMod*'
 step "jagflash run" run.log "$limit" "$cli" run
 step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal
 if [ "${QUICK:-0}" != 1 ]; then

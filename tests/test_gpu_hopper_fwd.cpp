@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -102,6 +103,58 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
           EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
           EXPECT_LE(c.lse_max_abs, 1e-3);
         }
+}
+
+// The softmax's running max kept while a block's maximum passes it by at most keep_max (log2
+// units; JAGFLASH_FWD_KEEP_MAX, read at every launch): off (-1, the max always moves), 0 (kept
+// only when unchanged) and the default 8, on inputs whose scores move the max in small steps
+// (range 1) and in jumps far past 2^8 (range 6: scores of ~|30| in log2 units), long sequences so
+// that a row sees many blocks after its max settles, both dtypes (fp16 P takes probabilities up
+// to 2^8), with and without a mask, and a GQA group. Each against the float64 reference.
+TEST(GpuHopperForward, RunningMaxKeptOrMovedMatchesReference) {
+  const char* before = std::getenv("JAGFLASH_FWD_KEEP_MAX");
+  const std::string saved = before != nullptr ? before : "";
+  const std::vector<int32_t> len_q = {900, 1, 0, 300, 1300, 65};
+  const std::vector<int32_t> len_kv = {900, 700, 5, 1, 1300, 1100};
+  uint64_t seed = 900;
+  for (const char* keep : {"-1", "0", "8"})
+    for (int d : {64, 128})
+      for (jf_dtype dtype : {JF_BF16, JF_FP16})
+        for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
+          for (float range : {1.f, 6.f}) {
+            ASSERT_EQ(setenv("JAGFLASH_FWD_KEEP_MAX", keep, 1), 0);
+            BatchSpec s;
+            s.len_q = len_q;
+            s.len_kv = len_kv;
+            s.heads = 4;
+            s.heads_kv = 2;
+            s.head_dim = d;
+            s.dtype = dtype;
+            s.mask = mask;
+            s.input_range = range;
+            s.seed = ++seed;
+            SCOPED_TRACE(std::string("keep_max ") + keep + " D=" + std::to_string(d) + " range " +
+                         std::to_string(range) + " seed " + std::to_string(s.seed) +
+                         (mask == JF_MASK_CAUSAL ? " causal" : " none") +
+                         (dtype == JF_FP16 ? " fp16" : " bf16"));
+            GpuBatch g = testing::make_gpu_batch(s);
+            const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
+            ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<int32_t> seqs(len_q.size());
+            for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = static_cast<int32_t>(b);
+            const testing::SampleCheck c =
+                testing::check_sample_against_reference(g, seqs, /*with_backward=*/false);
+            EXPECT_TRUE(c.finite);
+            EXPECT_TRUE(c.lse_inf_match);
+            EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
+            EXPECT_LE(c.lse_max_abs, 1e-3 * range * range);
+          }
+  if (saved.empty()) {
+    unsetenv("JAGFLASH_FWD_KEEP_MAX");
+  } else {
+    setenv("JAGFLASH_FWD_KEEP_MAX", saved.c_str(), 1);
+  }
 }
 
 // The output buffer is longer than the view: the rows after the last sequence belong to the

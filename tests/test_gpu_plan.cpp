@@ -53,7 +53,8 @@ void expect_device_plan_matches_host(const std::vector<int32_t>& len_q, const st
       schedule::build_tiles(q_off.data(), kv_off.data(), batch, /*num_heads=*/1, mask, {kTileM, kTileN},
                             schedule::Direction::kForward);
   // One head: the device plan lists pairs, whose order does not depend on where the heads go.
-  schedule::sort_sequences_heaviest_first(tiles, q_off.data(), kv_off.data(), {kTileM, kTileN}, false);
+  schedule::sort_sequences_heaviest_first(tiles, q_off.data(), kv_off.data(), {kTileM, kTileN},
+                                          schedule::kHeadsInnermost);
   ASSERT_EQ(static_cast<size_t>(num_pairs), tiles.size());
   ASSERT_LE(num_pairs, layout.max_pairs);
   const int32_t* sorted = array(layout.vals_out);

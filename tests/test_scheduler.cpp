@@ -301,56 +301,92 @@ TEST(Scheduler, SortLongestFirst) {
 }
 
 // (c') The forward plan's order: a permutation; each sequence's tiles contiguous; sequences by
-// weight non-increasing, ties by lower batch; inside a sequence q blocks last to first, heads
-// innermost, or (heads_outer) head by head.
+// weight non-increasing, ties by lower batch; inside a sequence the heads in groups of
+// forward_head_group's size one after another, q blocks last to first inside a group and the
+// group's heads innermost (one group of all: heads innermost; one head a group: head by head).
+// The orders below: heads innermost, head by head, and L2 groups of 300 and 2000 KV rows (a
+// KV head of 1 or 2 query heads), which the random batches' lengths cut into 1 to all heads.
+const std::vector<HeadOrder>& head_orders() {
+  static const std::vector<HeadOrder> orders = {kHeadsInnermost, kHeadByHead, {300, 1}, {300, 2}, {2000, 1}};
+  return orders;
+}
+std::string describe(HeadOrder o) {
+  return "l2_group_rows " + std::to_string(o.l2_group_rows) + " heads/kv " +
+         std::to_string(o.heads_per_kv_head);
+}
+
 TEST(Scheduler, SortSequencesHeaviestFirst) {
   const TileShape shape{64, 64};
-  for (uint64_t seed = 1; seed <= 24; ++seed) {
-    const bool heads_outer = seed % 2 == 0;
-    SCOPED_TRACE("seed " + std::to_string(seed) + (heads_outer ? " heads outer" : " heads inner"));
-    const Batch batch = random_batch(seed);
-    std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
-                                          kHeads, window(-1, 0), shape, Direction::kForward);
-    const std::vector<Tile> original = tiles;
-    std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
-    sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape, heads_outer);
-    ASSERT_EQ(tiles.size(), original.size());
-    auto weight = [&](int32_t b) {
-      return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b],
-                             batch.kv_offsets[b + 1] - batch.kv_offsets[b], shape);
-    };
-    std::set<int32_t> finished;  // sequences whose tiles have all gone by
-    for (size_t t = 1; t < tiles.size(); ++t) {
-      const Tile& a = tiles[t - 1];
-      const Tile& b = tiles[t];
-      if (a.batch != b.batch) {
-        ASSERT_TRUE(finished.insert(a.batch).second) << "sequence " << a.batch << " split at position " << t;
-        ASSERT_EQ(finished.count(b.batch), 0u) << "sequence " << b.batch << " split at position " << t;
-        ASSERT_GE(weight(a.batch), weight(b.batch)) << "position " << t;
-        if (weight(a.batch) == weight(b.batch)) {
-          ASSERT_LT(a.batch, b.batch) << "position " << t;
-        }
-      } else {
-        if (heads_outer) {
-          ASSERT_TRUE(a.head < b.head || (a.head == b.head && a.block > b.block)) << "position " << t;
+  for (uint64_t seed = 1; seed <= 24; ++seed)
+    for (const HeadOrder& order : head_orders()) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + ", " + describe(order));
+      const Batch batch = random_batch(seed);
+      std::vector<Tile> tiles = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
+                                            kHeads, window(-1, 0), shape, Direction::kForward);
+      const std::vector<Tile> original = tiles;
+      std::shuffle(tiles.begin(), tiles.end(), std::mt19937_64(seed));
+      sort_sequences_heaviest_first(tiles, batch.q_offsets.data(), batch.kv_offsets.data(), shape, order);
+      ASSERT_EQ(tiles.size(), original.size());
+      auto weight = [&](int32_t b) {
+        return sequence_weight(batch.q_offsets[b + 1] - batch.q_offsets[b],
+                               batch.kv_offsets[b + 1] - batch.kv_offsets[b], shape);
+      };
+      std::set<int32_t> finished;  // sequences whose tiles have all gone by
+      for (size_t t = 1; t < tiles.size(); ++t) {
+        const Tile& a = tiles[t - 1];
+        const Tile& b = tiles[t];
+        if (a.batch != b.batch) {
+          ASSERT_TRUE(finished.insert(a.batch).second)
+              << "sequence " << a.batch << " split at position " << t;
+          ASSERT_EQ(finished.count(b.batch), 0u) << "sequence " << b.batch << " split at position " << t;
+          ASSERT_GE(weight(a.batch), weight(b.batch)) << "position " << t;
+          if (weight(a.batch) == weight(b.batch)) {
+            ASSERT_LT(a.batch, b.batch) << "position " << t;
+          }
         } else {
-          ASSERT_TRUE(a.block > b.block || (a.block == b.block && a.head < b.head)) << "position " << t;
+          const int32_t g =
+              forward_head_group(order, batch.kv_offsets[a.batch + 1] - batch.kv_offsets[a.batch], kHeads);
+          if (order.l2_group_rows == 0) {
+            ASSERT_EQ(g, kHeads);
+          }
+          if (order.l2_group_rows < 0) {
+            ASSERT_EQ(g, 1);
+          }
+          ASSERT_LE(a.head / g, b.head / g) << "groups one after another, position " << t;
+          if (a.head / g == b.head / g) {
+            ASSERT_TRUE(a.block > b.block || (a.block == b.block && a.head < b.head)) << "position " << t;
+          }
         }
       }
+      auto key = [](const Tile& t) { return std::make_tuple(t.batch, t.head, t.block); };
+      std::vector<Tile> back = tiles;
+      std::sort(back.begin(), back.end(), [&](const Tile& x, const Tile& y) { return key(x) < key(y); });
+      for (size_t t = 0; t < back.size(); ++t) {
+        ASSERT_EQ(key(back[t]), key(original[t]));
+        ASSERT_EQ(back[t].cost, original[t].cost);
+      }
     }
-    auto key = [](const Tile& t) { return std::make_tuple(t.batch, t.head, t.block); };
-    std::vector<Tile> back = tiles;
-    std::sort(back.begin(), back.end(), [&](const Tile& x, const Tile& y) { return key(x) < key(y); });
-    for (size_t t = 0; t < back.size(); ++t) {
-      ASSERT_EQ(key(back[t]), key(original[t]));
-      ASSERT_EQ(back[t].cost, original[t].cost);
-    }
-  }
   // Saturation: a weight never reaches 2^32 - 1, so weight + 1 fits the key's 32 bits.
   // (Below: tile_in_sequence, the kernels' decoding of this order from the pair-only plan.)
   EXPECT_EQ(sequence_weight(int64_t(1) << 40, int64_t(1) << 40, {1, 1}), 0xFFFFFFFEull);
   EXPECT_EQ(sequence_weight(0, 100, {64, 64}), 0u);
   EXPECT_EQ(sequence_weight(129, 65, {64, 64}), 3u * 2u);
+}
+
+// The size of a group: whole KV heads of the sequence's K and V within the budget, at least one,
+// at most every head; 0 one group of all, < 0 one head.
+TEST(Scheduler, ForwardHeadGroupSize) {
+  EXPECT_EQ(forward_head_group(kHeadsInnermost, 16384, 16), 16);
+  EXPECT_EQ(forward_head_group(kHeadByHead, 16, 16), 1);
+  constexpr int32_t kRows32MbAt128 = (32 << 20) / ((128 + 128) * 2);  // 65536 rows of K and V
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 1}, 16384, 16), 4);
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 1}, 8192, 16), 8);
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 1}, 4096, 16), 16);    // all fit: heads innermost
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 1}, 1 << 20, 16), 1);  // one head past the budget
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 4}, 1 << 20, 16), 4);  // GQA: one KV head's 4 query heads
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 4}, 16384, 16), 16);   // 4 KV heads of 4
+  EXPECT_EQ(forward_head_group({kRows32MbAt128, 1}, 0, 16), 16);       // no keys: nothing to share
+  EXPECT_EQ(forward_head_group({INT32_MAX, 8}, 1, 16), 16);            // no 32-bit overflow
 }
 
 // (c'') The kernels see the plan as (batch, q block) pairs in this order (one head) and decode
@@ -361,26 +397,26 @@ TEST(Scheduler, TileInSequenceDecodesThePlanOrder) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const Batch batch = random_batch(seed);
     for (const int heads : {1, 3, kHeads})
-      for (const bool heads_outer : {false, true}) {
+      for (const HeadOrder& order : head_orders()) {
         std::vector<Tile> pairs = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
                                               1, window(-1, 0), shape, Direction::kForward);
         std::vector<Tile> want = build_tiles(batch.q_offsets.data(), batch.kv_offsets.data(), batch.size(),
                                              heads, window(-1, 0), shape, Direction::kForward);
-        sort_sequences_heaviest_first(pairs, batch.q_offsets.data(), batch.kv_offsets.data(), shape,
-                                      heads_outer);
-        sort_sequences_heaviest_first(want, batch.q_offsets.data(), batch.kv_offsets.data(), shape,
-                                      heads_outer);
+        sort_sequences_heaviest_first(pairs, batch.q_offsets.data(), batch.kv_offsets.data(), shape, order);
+        sort_sequences_heaviest_first(want, batch.q_offsets.data(), batch.kv_offsets.data(), shape, order);
         ASSERT_EQ(want.size(), pairs.size() * static_cast<size_t>(heads));
         for (size_t t = 0; t < want.size(); ++t) {
           const Tile& pair = pairs[t / static_cast<size_t>(heads)];
           const int32_t len_q = batch.q_offsets[pair.batch + 1] - batch.q_offsets[pair.batch];
+          const int32_t len_kv = batch.kv_offsets[pair.batch + 1] - batch.kv_offsets[pair.batch];
           const TileInSequence at = tile_in_sequence(static_cast<int32_t>(t), heads, pair.block,
-                                                     (len_q + shape.tile_m - 1) / shape.tile_m, heads_outer);
-          ASSERT_EQ(pair.batch, want[t].batch)
-              << "tile " << t << " heads " << heads << " outer " << heads_outer;
-          ASSERT_EQ(at.head, want[t].head) << "tile " << t << " heads " << heads << " outer " << heads_outer;
-          ASSERT_EQ(at.block, want[t].block)
-              << "tile " << t << " heads " << heads << " outer " << heads_outer;
+                                                     (len_q + shape.tile_m - 1) / shape.tile_m,
+                                                     forward_head_group(order, len_kv, heads));
+          const std::string where =
+              "tile " + std::to_string(t) + " heads " + std::to_string(heads) + ", " + describe(order);
+          ASSERT_EQ(pair.batch, want[t].batch) << where;
+          ASSERT_EQ(at.head, want[t].head) << where;
+          ASSERT_EQ(at.block, want[t].block) << where;
         }
       }
   }
@@ -440,16 +476,20 @@ TEST(Scheduler, BackwardL2GroupSize) {
 }
 
 // The forward kernels' order of a batch's tiles: the plan's (sort_sequences_heaviest_first),
-// head by head inside a sequence without a mask, heads innermost with one (the plan lists
-// (batch, q block) pairs; kernels/fwd/scheduler_fwd.cuh decodes the heads so, and
-// TileInSequenceDecodesThePlanOrder holds that decoding to this order).
+// head by head inside a sequence without a mask, heads innermost with one by default, or in L2
+// groups of heads (JAGFLASH_FWD_L2_GROUP_KB; the plan lists (batch, q block) pairs;
+// kernels/fwd/scheduler_fwd.cuh decodes the heads so, and TileInSequenceDecodesThePlanOrder holds
+// that decoding to this order). l2_group_rows: 0, the default, or the candidate 32 MB over a K
+// and a V row at D = 128 bf16 (kernels/fwd/fwd_launch.cuh).
+constexpr int32_t kFwdL2GroupRows = (32 << 20) / ((128 + 128) * 2);
 std::vector<Tile> forward_plan_order(const std::vector<int32_t>& q_offsets,
                                      const std::vector<int32_t>& kv_offsets, int num_heads,
-                                     const MaskPolicy& mask, TileShape shape) {
+                                     const MaskPolicy& mask, TileShape shape, int32_t l2_group_rows = 0) {
   const int batch_size = static_cast<int>(q_offsets.size()) - 1;
   std::vector<Tile> tiles = build_tiles(q_offsets.data(), kv_offsets.data(), batch_size, num_heads, mask,
                                         shape, Direction::kForward);
-  sort_sequences_heaviest_first(tiles, q_offsets.data(), kv_offsets.data(), shape, mask.is_full());
+  sort_sequences_heaviest_first(tiles, q_offsets.data(), kv_offsets.data(), shape,
+                                mask.is_full() ? kHeadByHead : HeadOrder{l2_group_rows, 1});
   return tiles;
 }
 
@@ -466,7 +506,7 @@ std::vector<Tile> backward_plan_order(const std::vector<int32_t>& q_offsets,
   // One head: the plan's pairs, each with its cost; a sequence's pairs come last block first.
   std::vector<Tile> pairs =
       build_tiles(q_offsets.data(), kv_offsets.data(), batch_size, 1, mask, shape, Direction::kBackward);
-  sort_sequences_heaviest_first(pairs, q_offsets.data(), kv_offsets.data(), shape, false);
+  sort_sequences_heaviest_first(pairs, q_offsets.data(), kv_offsets.data(), shape, kHeadsInnermost);
   std::vector<Tile> order;
   for (size_t first = 0; first < pairs.size();) {
     const int32_t b = pairs[first].batch;
@@ -588,6 +628,11 @@ TEST(Scheduler, MakespanOnBenchmarkDistributions) {
                   << std::setprecision(1) << bound << std::setw(10) << std::setprecision(4) << dynamic
                   << std::setw(10) << zigzag << std::setw(10) << lpt_dynamic << "\n";
         EXPECT_LE(dynamic, 1.02);
+        if (d == Direction::kForward) {  // the candidate L2 groups of heads (JAGFLASH_FWD_L2_GROUP_KB)
+          const std::vector<Tile> grouped =
+              forward_plan_order(offsets, offsets, kNumHeads, mask.policy, shape, kFwdL2GroupRows);
+          EXPECT_LE(static_cast<double>(makespan_dynamic(grouped, kNumSms)) / bound, 1.02) << "L2 groups";
+        }
       }
     }
   }

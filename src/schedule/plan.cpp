@@ -86,10 +86,15 @@ void sort_longest_first(std::vector<Tile>& tiles) {
 }
 
 void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets,
-                                   const int32_t* kv_offsets, TileShape shape, bool heads_outer) {
+                                   const int32_t* kv_offsets, TileShape shape, HeadOrder order) {
   auto weight = [&](int32_t b) {
     return sequence_weight(int64_t(q_offsets[b + 1]) - q_offsets[b],
                            int64_t(kv_offsets[b + 1]) - kv_offsets[b], shape);
+  };
+  int32_t heads = 0;  // the tiles hold every head of their sequences (build_tiles)
+  for (const Tile& t : tiles) heads = t.head >= heads ? t.head + 1 : heads;
+  auto group = [&](int32_t b) {
+    return forward_head_group(order, int64_t(kv_offsets[b + 1]) - kv_offsets[b], heads);
   };
   std::sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
     if (a.batch != b.batch) {
@@ -97,7 +102,8 @@ void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_of
       if (wa != wb) return wa > wb;
       return a.batch < b.batch;
     }
-    if (heads_outer && a.head != b.head) return a.head < b.head;
+    const int32_t g = group(a.batch);
+    if (a.head / g != b.head / g) return a.head < b.head;
     if (a.block != b.block) return a.block > b.block;
     return a.head < b.head;
   });

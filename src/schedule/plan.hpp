@@ -51,19 +51,43 @@ JF_HD uint64_t sequence_weight(int64_t lq, int64_t lk, TileShape shape) {
 // bottom-right windows). A sequence's tiles then run at the same time, so its K and V come from
 // DRAM once and from L2 for the other tiles; ordering every tile by its own cost spreads a
 // causal sequence's tiles over the whole run (uniform1k causal read its K and V 3.3 times from
-// DRAM, measured with ncu on the H200). Inside a sequence, without a mask (heads_outer) head by
-// head, so a long sequence's CTAs share one head's K and V at a time (onegiant +4%, and the
-// clock under the power cap rose 1560 -> 1695 MHz); with a mask heads innermost, so the
-// costliest q blocks of every head go first (head by head lost 6% on onegiant causal, where the
-// last head's costliest tiles started late).
-void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets,
-                                   const int32_t* kv_offsets, TileShape shape, bool heads_outer);
+// DRAM, measured with ncu on the H200). Inside a sequence the heads come in groups
+// (forward_head_group), one group after another, q blocks last to first inside a group and the
+// group's heads innermost. One head a group (without a mask) is head by head, so a long
+// sequence's CTAs share one head's K and V at a time (onegiant +4%, and the clock under the power
+// cap rose 1560 -> 1695 MHz); all heads one group is heads innermost, so the costliest q blocks of
+// every head go first (head by head lost 6% on onegiant causal, where the last head's costliest
+// tiles started late). Between the two, a group is as many KV heads as an L2 budget holds of the
+// sequence's K and V: heads innermost where they fit, and at L = 16k causal the 16 heads' 128 MB
+// of K and V no longer stream from DRAM once per q block (ncu, 2026-12-05: 11.1 GB read against
+// FA3's 1.6 GB, L2 hit rate 74% against 95%).
+struct HeadOrder {
+  // L2 budget of a group in rows of K and V (one KV head's row of both): > 0 sizes the groups by
+  // the sequence's kv length, 0 puts all heads in one group, < 0 one head a group.
+  int32_t l2_group_rows = 0;
+  int32_t heads_per_kv_head = 1;  // GQA: a group holds whole KV heads' query heads
+};
+constexpr HeadOrder kHeadsInnermost{0, 1};
+constexpr HeadOrder kHeadByHead{-1, 1};
 
-// Where plan tile `tile` (of pairs x heads) lies inside its sequence, in the order above. The
-// device plan lists (batch, q block) pairs only, a sequence's pairs adjacent and last q block
-// first; tile / heads is then a position inside the tile's own sequence, and from the q block of
-// the pair at that position (block_at_pos) and the sequence's q block count the sequence's first
-// position follows, and with it the tile's head and q block. Host and device.
+// How many query heads of a sequence with len_kv keys form one group of `order` (of `heads`).
+JF_HD int32_t forward_head_group(HeadOrder order, int64_t len_kv, int32_t heads) {
+  if (order.l2_group_rows < 0) return 1;
+  if (order.l2_group_rows == 0 || len_kv <= 0) return heads;
+  const int64_t kv_heads = order.l2_group_rows / len_kv;  // whole KV heads that fit, at least one
+  const int64_t group = (kv_heads < 1 ? 1 : kv_heads) * order.heads_per_kv_head;
+  return group >= heads ? heads : static_cast<int32_t>(group);
+}
+
+void sort_sequences_heaviest_first(std::vector<Tile>& tiles, const int32_t* q_offsets,
+                                   const int32_t* kv_offsets, TileShape shape, HeadOrder order);
+
+// Where plan tile `tile` (of pairs x heads) lies inside its sequence, in the order above with
+// `group` heads a group (forward_head_group). The device plan lists (batch, q block) pairs only,
+// a sequence's pairs adjacent and last q block first; tile / heads is then a position inside the
+// tile's own sequence, and from the q block of the pair at that position (block_at_pos) and the
+// sequence's q block count the sequence's first position follows, and with it the tile's head
+// and q block. Host and device.
 struct TileInSequence {
   int32_t head;
   int32_t block;
@@ -72,11 +96,15 @@ struct TileInSequence {
 // for any Q that fits in GPU memory; 64-bit division added ~530 SASS instructions to every
 // forward kernel.
 JF_HD TileInSequence tile_in_sequence(int32_t tile, int32_t heads, int32_t block_at_pos, int32_t q_blocks,
-                                      bool heads_outer) {
-  if (!heads_outer) return {tile % heads, block_at_pos};
+                                      int32_t group) {
+  if (group >= heads) return {tile % heads, block_at_pos};  // heads innermost: the plan's own order
+  group = group < 1 ? 1 : group;
   const int32_t first = tile / heads - (q_blocks - 1 - block_at_pos);  // the sequence's first position
   const int32_t local = tile - first * heads;                          // in [0, q_blocks x heads)
-  return {local / q_blocks, q_blocks - 1 - local % q_blocks};
+  const int32_t base = local / (q_blocks * group) * group;             // the group's first head
+  const int32_t size = heads - base < group ? heads - base : group;    // the last group may be smaller
+  const int32_t inside = local - base * q_blocks;
+  return {base + inside % size, q_blocks - 1 - inside / size};
 }
 
 // The backward's order of one sequence's tiles when its (KV head, split) pairs come in L2-sized

@@ -1,17 +1,63 @@
 // Host side of the Hopper forward: TMA descriptors, the plan, the launch.
 #pragma once
 
+#include "core/bench_knobs.hpp"
 #include "kernels/common/launch_common.cuh"
 #include "kernels/fwd/fwd_kernel.cuh"
 #include "kernels/hopper_forward.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 namespace jagflash::kernels::fwd {
 
 using common::gmem_tensor;
 using common::sm_count;
+
+// The L2 budget of a group of heads in the plan's order under a mask (schedule::HeadOrder). 32 MB
+// of the H100/H200's 50 MB of L2 (FA3 sizes its head groups by the same figure) is the candidate:
+// a group's K and V would stay there while Q, O and the next group's first blocks stream through.
+// Off by default (0: every head of a sequence in one group, the order before 2026-12-05) until it
+// is measured on the GPU (bench/NOTES.md, session 40: the device could not be started).
+// Benchmark knob, read at every launch so that one process can time orders side by side:
+// JAGFLASH_FWD_L2_GROUP_KB. Without a mask the order stays head by head.
+constexpr int64_t kDefaultFwdL2GroupBytes = 0;
+inline int64_t fwd_l2_group_bytes_knob() {
+  if (const char* v = bench_knob("JAGFLASH_FWD_L2_GROUP_KB")) {
+    char* end = nullptr;
+    const long kb = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && kb >= 0 && kb <= (long(1) << 22)) return int64_t(kb) << 10;
+  }
+  return kDefaultFwdL2GroupBytes;
+}
+
+// OnlineSoftmax's keep_max: with a value >= 0 a row keeps its running max while a block's maximum
+// passes it by at most that many log2 units (8 is the candidate), so once a row's max has settled
+// O's rescale is skipped (a warp's rows all kept theirs). Off by default (negative: the max always
+// moves, O always rescaled, the softmax before 2026-12-05) until measured on the GPU. Benchmark
+// knob, read at every launch: JAGFLASH_FWD_KEEP_MAX, at most 16 (the probabilities reach
+// 2^keep_max, far inside fp16's range).
+constexpr float kDefaultKeepMax = -1.f;
+inline float fwd_keep_max_knob() {
+  if (const char* v = bench_knob("JAGFLASH_FWD_KEEP_MAX")) {
+    char* end = nullptr;
+    const float x = std::strtof(v, &end);
+    if (end != v && *end == '\0' && x <= 16.f) return x < 0.f ? -1.f : x;
+  }
+  return kDefaultKeepMax;
+}
+
+// The plan's head order for a call: head by head without a mask, else L2-sized groups of heads.
+inline schedule::HeadOrder forward_head_order(const jf_problem& pb, const MaskPolicy& mask,
+                                              int element_bytes) {
+  if (mask.is_full()) return schedule::kHeadByHead;
+  const int64_t row_bytes = int64_t(pb.k.head_dim + pb.v.head_dim) * element_bytes;  // one K and one V row
+  const int64_t rows = fwd_l2_group_bytes_knob() / (row_bytes > 0 ? row_bytes : 1);
+  const int32_t group = pb.k.heads > 0 ? pb.q.heads / pb.k.heads : 1;
+  return {static_cast<int32_t>(rows < INT32_MAX ? rows : INT32_MAX), group};
+}
 
 template <class Config>
 cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch& launch, Schedule schedule,
@@ -79,6 +125,8 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.num_pairs = plan.num_pairs;
   p.tile_counter = plan.tile_counter;
   p.schedule = schedule;
+  p.head_order = forward_head_order(pb, mask, static_cast<int>(sizeof(Element)));
+  p.keep_max = fwd_keep_max_knob();
 
   constexpr size_t kSmemBytes = Config::kPairs * sizeof(SharedStorage<Traits>);
   static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");

@@ -185,6 +185,10 @@ struct Params {
   int32_t head_dim_chunks;
   // BlockSparse: the map (jf_block_mask); read only by a kernel built with that option.
   BlockMask block_mask;
+  // How a sequence's heads are grouped in the plan's order (schedule::forward_head_group).
+  schedule::HeadOrder head_order;
+  // OnlineSoftmax's keep_max (log2 units; < 0: the running max always moves, O always rescaled).
+  float keep_max;
 };
 
 }  // namespace jagflash::kernels::fwd

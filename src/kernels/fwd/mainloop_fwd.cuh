@@ -305,9 +305,9 @@ struct Consumer {
       };
       auto softmax_update = [&] {
         if constexpr (Mod::kAlibi)
-          softmax.update_with_row_offsets(s_rc, p.scale_log2, correction, row_offset);
+          softmax.update_with_row_offsets(s_rc, p.scale_log2, p.keep_max, correction, row_offset);
         else
-          softmax.update(s_rc, p.scale_log2, correction);
+          softmax.update(s_rc, p.scale_log2, p.keep_max, correction);
       };
       // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
       // bulk the mask policy proves mask-free) pay for it.
@@ -397,7 +397,7 @@ struct Consumer {
         turns.wait_turn();
         trace.stamp(trace_thread, kTraceIssue);
         issue_s(k_stage);
-        OnlineSoftmax<kRows>::rescale(o_rc, correction);  // no GEMM in flight uses O
+        OnlineSoftmax<kRows>::rescale(o_rc, correction, p.keep_max);  // no GEMM in flight uses O
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
             mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();
@@ -426,7 +426,7 @@ struct Consumer {
         const uint32_t v_stage = v_uses % kStages;
         wait_full(smem.v_full, RingPosition<kStages>{v_uses});
         turns.wait_turn();
-        OnlineSoftmax<kRows>::rescale(o_rc, correction);
+        OnlineSoftmax<kRows>::rescale(o_rc, correction, p.keep_max);
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
             mma_pv, tOrP_a, tOrV(_, _, _, v_stage), tOrO);
         turns.pass_turn();

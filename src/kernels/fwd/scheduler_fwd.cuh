@@ -23,13 +23,14 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
   t.kv_start = p.kv_offsets[t.batch];
   t.len_q = p.q_offsets[t.batch + 1] - t.q_start;
   t.len_kv = p.kv_offsets[t.batch + 1] - t.kv_start;
-  if (p.schedule != Schedule::kGrid && p.mask.is_full()) {  // the plan's order: head by head
+  if (p.schedule != Schedule::kGrid) {  // the plan's order: heads in groups (plan.hpp)
     const int32_t q_blocks = (t.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    const int32_t group = schedule::forward_head_group(p.head_order, t.len_kv, p.num_heads);
     const schedule::TileInSequence at =
-        schedule::tile_in_sequence(tile, p.num_heads, t.m_block, q_blocks, true);
+        schedule::tile_in_sequence(tile, p.num_heads, t.m_block, q_blocks, group);
     t.head = at.head;
     t.m_block = at.block;
-  } else {  // the plain grid's (batch, block, head) order, and the plan's under a mask: heads innermost
+  } else {  // the plain grid's (batch, block, head) order
     t.head = tile % p.num_heads;
   }
   t.kv_head = t.head / p.group;
