@@ -323,8 +323,8 @@ def table(meta, rows, part="bwd", peer="FA3 varlen"):
 def variants_table(meta, rows, part="bwd"):
     """Markdown: each jagflash variant's TFLOP/s over the default's, per point (the A/B)."""
     names = [n for n in meta["impls"] if n.startswith("jagflash ")]
-    if not names:
-        return ""
+    if not names or not any(r["impl"] == "jagflash" and _tf(r, part) is not None for r in rows):
+        return ""  # no variant, or this part not measured (--parts)
     by = lookup(rows)
     lines = ["| case | D | mask | jagflash | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:
@@ -392,9 +392,10 @@ def markdown(meta, rows, png_name):
                   table(meta, rows, "fwd", peers.CUDNN), ""]
         lines += [f"- {n}" for n in filter(None, [report.kernel_timed_note(meta, rows)])]
         lines += [f"- {n}" for n in report.skipped_notes(rows)] + [""]
-    vt = variants_table(meta, rows)
-    if vt:
-        lines += ["Backward of each variant (ratio to jagflash's default):", "", vt, ""]
+    for part, what in (("fwd", "Forward"), ("bwd", "Backward")):
+        vt = variants_table(meta, rows, part)
+        if vt:
+            lines += [f"{what} of each variant (ratio to jagflash's default):", "", vt, ""]
     lines += [f"- {b}" for b in bars(rows)]
     errs = [r for r in rows if r.get("mismatch")]
     if errs:
@@ -469,10 +470,11 @@ def main():
     if peers.CUDNN in meta["impls"]:
         print(f"sweep.py: forward TFLOP/s, jagflash / {peers.CUDNN} (ratio; its GPU kernels' time from torch.profiler)")
         print(table(meta, rows, "fwd", peers.CUDNN))
-    vt = variants_table(meta, rows)
-    if vt:
-        print("sweep.py: variants, backward TFLOP/s (ratio to jagflash)")
-        print(vt)
+    for part, what in (("fwd", "forward"), ("bwd", "backward")):
+        vt = variants_table(meta, rows, part)
+        if vt:
+            print(f"sweep.py: variants, {what} TFLOP/s (ratio to jagflash)")
+            print(vt)
     for b in bars(rows):
         print(b)
     failed = [r for r in rows if (r["impl"].startswith("jagflash") and r.get("error")) or r.get("mismatch")]

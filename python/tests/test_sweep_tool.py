@@ -62,6 +62,17 @@ def test_bars_say_which_points_miss():
     assert all(b.endswith("MET") for b in sweep.bars(good))
 
 
+def test_variants_table_takes_the_part_that_was_measured():
+    meta = {"impls": ["jagflash", "FA3 varlen", "jagflash bn160"]}
+    rows = [{"case": "uniform8192", "head_dim": 128, "mask": "none", "impl": "jagflash", "fwd_tflops": 600.0},
+            {"case": "uniform8192", "head_dim": 128, "mask": "none", "impl": "jagflash bn160",
+             "fwd_tflops": 630.0}]
+    fwd = sweep.variants_table(meta, rows, "fwd")
+    assert fwd.splitlines()[-1] == "| uniform8192 | 128 | none | 600 | 630 (1.05) |"
+    assert sweep.variants_table(meta, rows, "bwd") == ""  # a --parts fwd run: no backward table
+    assert sweep.variants_table({"impls": ["jagflash"]}, rows, "fwd") == ""  # no variant
+
+
 def test_a_tiny_cpu_run_writes_its_rows_and_tables(tmp_path):
     env = dict(os.environ)
     cmd = [sys.executable, str(BENCH / "sweep.py"), "--device", "cpu", "--tokens", "96", "--lengths", "32", "48",

@@ -142,7 +142,10 @@ struct TileConfig {
   // buffer does not fit next to two K/V stages. With two pairs, two each where they leave as
   // many stages as one (D = 64: two stages of 128 keys, D = 96: three of 64); at D = 128 they
   // would leave a single stage of 64 keys, so one, and the other pair hides the wait.
-  static constexpr int kQBuffers = kHeadDim > 128                   ? 1
+  // 160-key blocks at D = 128 (FA3 takes 176 there without a mask: fewer blocks a row, so less
+  // of each block's fixed work, the max, the rescale, the barriers, a key) leave two stages with one Q buffer
+  // and the O staging tile: exactly 2 x 80 KB + 32 KB + 34 KB + 1 KB of the 227 KB.
+  static constexpr int kQBuffers = kHeadDim > 128 || kBlockN > 128   ? 1
                                    : kPairs == 1                    ? 2
                                    : fit_stages(2) >= fit_stages(1) ? 2
                                                                     : 1;
@@ -160,8 +163,9 @@ struct TileConfig {
 
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "the Hopper forward serves head dims 64, 96, 128, 192, 256");
-  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256),
-                "key blocks of 64 or 128 (32 at D = 256)");
+  static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256) ||
+                    (kBlockN == 160 && kHeadDim == 128 && kPairs == 1),
+                "key blocks of 64 or 128 (32 at D = 256; 160 at D = 128 with one pair)");
   static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2),
                 "D = 256: one pair, two warpgroups");
   static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3,
