@@ -35,20 +35,21 @@ inline int64_t fwd_l2_group_bytes_knob() {
 
 // OnlineSoftmax's keep_max: with a value >= 0 a row keeps its running max while a block's maximum
 // passes it by at most that many log2 units, so once a row's max has settled O's rescale is
-// skipped (a warp's rows all kept theirs). 8 by default since 2026-12-06 (bench/NOTES.md, session
-// 42: H100, same process as FA3, +1 to +4% on every D = 128 point of two runs, uniform 4k-16k and
-// our own batches, both masks; the GPU tests and the Python suite pass with it). Benchmark knob,
+// skipped (a warp's rows all kept theirs). 8 by default on the D = 128 kernel since 2026-12-06
+// (bench/NOTES.md, session 42: H100, same process as FA3, +1 to +4% on every D = 128 point of two
+// runs, uniform 4k-16k and our own batches, both masks; the GPU tests and the Python suite pass
+// with 8 at every head dim); off on the other kernels until timed there. Benchmark knob,
 // read at every launch: JAGFLASH_FWD_KEEP_MAX (negative: the max always moves and O is always
 // rescaled, the softmax before), at most 16 (the probabilities reach 2^keep_max, far inside
 // fp16's range).
-constexpr float kDefaultKeepMax = 8.f;
-inline float fwd_keep_max_knob() {
+constexpr float default_keep_max(int kernel_head_dim) { return kernel_head_dim == 128 ? 8.f : -1.f; }
+inline float fwd_keep_max_knob(int kernel_head_dim) {
   if (const char* v = bench_knob("JAGFLASH_FWD_KEEP_MAX")) {
     char* end = nullptr;
     const float x = std::strtof(v, &end);
     if (end != v && *end == '\0' && x <= 16.f) return x < 0.f ? -1.f : x;
   }
-  return kDefaultKeepMax;
+  return default_keep_max(kernel_head_dim);
 }
 
 // The plan's head order for a call: head by head without a mask, else L2-sized groups of heads.
@@ -128,7 +129,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.tile_counter = plan.tile_counter;
   p.schedule = schedule;
   p.head_order = forward_head_order(pb, mask, static_cast<int>(sizeof(Element)));
-  p.keep_max = fwd_keep_max_knob();
+  p.keep_max = fwd_keep_max_knob(Config::kHeadDim);
 
   constexpr size_t kSmemBytes = Config::kPairs * sizeof(SharedStorage<Traits>);
   static_assert(kSmemBytes <= Config::kSmemLimit, "shared storage exceeds what a CTA may use");
