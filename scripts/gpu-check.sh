@@ -42,12 +42,12 @@ JAGFLASH_FWD_PAIRS=2 step "head dims, 2 pairs" head_dims_pairs.log "$limit" "$bu
 JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 # The plan's head order under a mask in L2 groups (64 KB cuts the tests' sequences into groups of
 # one to a few heads; 32768 is the candidate default) and the softmax's running max kept within
-# 2^8 (the default on the D = 128 kernel since 2026-12-06, off on the others until timed there:
-# the steps run the old softmax at D = 128 and the kept max at every other head dim;
+# 2^8 (the default on the D = 128 and 256 kernels since 2026-12-06, off on the others: the
+# steps run the old softmax everywhere and the kept max at every head dim;
 # GpuHopperForward.RunningMaxKeptOrMovedMatchesReference sets it itself).
 JAGFLASH_FWD_L2_GROUP_KB=64 step "hopper tests, small L2 head groups" hopper_l2_small.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims.Padded*'
 JAGFLASH_FWD_L2_GROUP_KB=32768 step "hopper tests, 32 MB L2 head groups" hopper_l2_32mb.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
-JAGFLASH_FWD_KEEP_MAX=-1 step "hopper tests, running max always moved" hopper_keep_max_off.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims.Padded*:GpuScoreMod*'
+JAGFLASH_FWD_KEEP_MAX=-1 step "hopper tests, running max always moved" hopper_keep_max_off.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims*:GpuScoreMod*'
 JAGFLASH_FWD_KEEP_MAX=8 step "head dims, running max kept" head_dims_keep_max.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHeadDims*:GpuPooled*:GpuHopperForward*'
 step "jagflash run" run.log "$limit" "$cli" run
 step "jagflash run --causal" run_causal.log "$limit" "$cli" run --causal

@@ -35,14 +35,17 @@ inline int64_t fwd_l2_group_bytes_knob() {
 
 // OnlineSoftmax's keep_max: with a value >= 0 a row keeps its running max while a block's maximum
 // passes it by at most that many log2 units, so once a row's max has settled O's rescale is
-// skipped (a warp's rows all kept theirs). 8 by default on the D = 128 kernel since 2026-12-06
-// (bench/NOTES.md, session 42: H100, same process as FA3, +1 to +4% on every D = 128 point of two
-// runs, uniform 4k-16k and our own batches, both masks; the GPU tests and the Python suite pass
-// with 8 at every head dim); off on the other kernels until timed there. Benchmark knob,
-// read at every launch: JAGFLASH_FWD_KEEP_MAX (negative: the max always moves and O is always
-// rescaled, the softmax before), at most 16 (the probabilities reach 2^keep_max, far inside
-// fp16's range).
-constexpr float default_keep_max(int kernel_head_dim) { return kernel_head_dim == 128 ? 8.f : -1.f; }
+// skipped (a warp's rows all kept theirs). 8 by default on the D = 128 and D = 256 kernels since
+// 2026-12-06, off on the others (bench/NOTES.md, session 42, H100, A/B in one process: D = 128
+// +1 to +4% on the uniform sweep and our own batches, fp16 causal +1-3%; D = 256 +8 to +16% on
+// four distributions, short level; D = 64 -2 to -6%, probably its issue-bound loop paying more for the
+// compare and the vote than the 32 FMUL it saves; D = 96 and 192 not timed). The GPU tests and
+// the Python suite pass with 8 at every head dim. Benchmark knob, read at every launch:
+// JAGFLASH_FWD_KEEP_MAX (negative: the max always moves and O is always rescaled, the softmax
+// before), at most 16 (the probabilities reach 2^keep_max, far inside fp16's range).
+constexpr float default_keep_max(int kernel_head_dim) {
+  return kernel_head_dim == 128 || kernel_head_dim == 256 ? 8.f : -1.f;
+}
 inline float fwd_keep_max_knob(int kernel_head_dim) {
   if (const char* v = bench_knob("JAGFLASH_FWD_KEEP_MAX")) {
     char* end = nullptr;
