@@ -145,7 +145,7 @@ struct TileConfig {
   // 160-key blocks at D = 128 (FA3 takes 176 there without a mask: fewer blocks a row, so less
   // of each block's fixed work, the max, the rescale, the barriers, a key) leave two stages with one Q buffer
   // and the O staging tile: exactly 2 x 80 KB + 32 KB + 34 KB + 1 KB of the 227 KB.
-  static constexpr int kQBuffers = kHeadDim > 128 || kBlockN > 128   ? 1
+  static constexpr int kQBuffers = kHeadDim > 128 || kBlockN > 128  ? 1
                                    : kPairs == 1                    ? 2
                                    : fit_stages(2) >= fit_stages(1) ? 2
                                                                     : 1;
