@@ -34,6 +34,8 @@ JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, plain grid" hopper_grid.log "$lim
 JAGFLASH_FWD_PINGPONG=1 step "hopper tests, ping-pong" hopper_pingpong.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 JAGFLASH_FWD_BLOCK_N=64 step "hopper tests, 64-key blocks" hopper_block_n64.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 JAGFLASH_FWD_BLOCK_N=160 step "hopper tests, 160-key blocks" hopper_block_n160.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
+# 176-key blocks stage O in two halves of the head dim (tile_config.hpp): the epilogue's second path.
+JAGFLASH_FWD_BLOCK_N=176 step "hopper tests, 176-key blocks" hopper_block_n176.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 JAGFLASH_FWD_WARPGROUPS=3 step "hopper tests, 3 warpgroups" hopper_wg3.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 JAGFLASH_FWD_WARPGROUPS=2 step "hopper tests, 2 warpgroups" hopper_wg2.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 JAGFLASH_FWD_PAIRS=2 step "hopper tests, 2 pairs" hopper_pairs.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'

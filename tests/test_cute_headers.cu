@@ -93,4 +93,31 @@ TEST(CuteHeaders, TileConfigOptionTagsOverrideOnlyTheirOwnChoice) {
   EXPECT_EQ(ThreeWarpgroups::kBlockN, 128);
 }
 
+// The O staging tile holds the whole head dim unless that would leave fewer than two K/V stages:
+// only the 176-key tile at D = 128 stages O in halves; every tile's shared storage fits a CTA.
+template <class Config>
+void expect_fits(int staging_columns, int stages, int q_buffers) {
+  using namespace jagflash::kernels::fwd;
+  SCOPED_TRACE(Config::kHeadDim);
+  SCOPED_TRACE(Config::kBlockN);
+  EXPECT_EQ(Config::kOStagingColumns, staging_columns);
+  EXPECT_EQ(Config::kStages, stages);
+  EXPECT_EQ(Config::kQBuffers, q_buffers);
+  EXPECT_LE(Config::kPairs * sizeof(SharedStorage<KernelTraits<Config>>), size_t(Config::kSmemLimit));
+}
+
+TEST(CuteHeaders, OStagingIsHalvedOnlyWhereTheWholeTileLeavesOneStage) {
+  using namespace jagflash::kernels::fwd;
+  using bf16 = cutlass::bfloat16_t;
+  expect_fits<TileConfig<bf16, 128>>(128, 2, 2);
+  expect_fits<TileConfig<bf16, 128, BlockN<160>>>(128, 2, 1);
+  expect_fits<TileConfig<bf16, 128, BlockN<176>>>(64, 2, 1);
+  expect_fits<TileConfig<cutlass::half_t, 128, BlockN<176>, PingPong>>(64, 2, 1);
+  expect_fits<TileConfig<bf16, 256, BlockN<32>>>(256, 3, 1);
+  expect_fits<TileConfig<bf16, 192, BlockN<64>>>(192, 2, 1);
+  expect_fits<TileConfig<bf16, 128, BlockN<64>, Warpgroups<1>, Pairs<2>>>(128, 2, 1);
+  expect_fits<TileConfig<bf16, 64, Warpgroups<3>>>(64, 4, 2);
+  expect_fits<TileConfig<bf16, 96>>(96, 3, 2);
+}
+
 }  // namespace

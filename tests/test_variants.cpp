@@ -95,6 +95,11 @@ TEST(ForwardVariants, ShapeKnobsReachOnlyTheirTiles) {
   EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), block_n_160).block_n, 160);
   EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_CAUSAL), block_n_160).block_n, 160);
   EXPECT_EQ(choose_forward_variant(call(64, JF_MASK_NONE), block_n_160).block_n, 128);
+  ForwardKnobs block_n_176;
+  block_n_176.block_n = 176;
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_NONE), block_n_176).block_n, 176);
+  EXPECT_EQ(choose_forward_variant(call(128, JF_MASK_CAUSAL), block_n_176).block_n, 176);
+  EXPECT_EQ(choose_forward_variant(call(64, JF_MASK_NONE), block_n_176).block_n, 128);
 
   ForwardKnobs three;
   three.warpgroups = 3;

@@ -33,41 +33,54 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
   constexpr int kWgRows = Traits::kRowsPerWarpgroup;
   constexpr int kStride = Traits::kOSmemStride;
   constexpr int kChunk = 16 / int(sizeof(Element));  // elements per 16-byte chunk
-  constexpr int kChunksPerRow = Traits::kHeadDim / kChunk;
+  // The staging tile holds kOStagingColumns of the head dim (all of it, or half: tile_config.hpp),
+  // so the rows go out in kRounds rounds of that many columns each.
+  constexpr int kRounds = Traits::kHeadDim / Traits::kOStagingColumns;
+  constexpr int kChunksPerRow = Traits::kOStagingColumns / kChunk;
+  constexpr int kPairsPerRound = decltype(size<1>(o_rc))::value / kRounds;  // accumulator columns
   const int warpgroup = thread / 128, wg_thread = thread % 128;
   // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (2 + its
   // index among all consumer warpgroups; 0 and 1 are the ping-pong turns).
   Element* o_smem = smem.o.data() + warpgroup * kWgRows * kStride;
   const uint32_t barrier = 2 + pair * Traits::kConsumerWarpgroups + warpgroup;
 
+  float inv_l[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float l = Softmax::quad_sum(softmax.row_sum[r]);
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const int tile_row = coords.row(r);
-    Element* row_smem = o_smem + (tile_row - warpgroup * kWgRows) * kStride;
-#pragma unroll
-    for (int c = 0; c < size<1>(o_rc); c += 2)
-      *reinterpret_cast<uint32_t*>(row_smem + coords.col(c)) =
-          pack2(Element{}, o_rc(r, c) * inv_l, o_rc(r, c + 1) * inv_l);
-    const int32_t i = t.m_block * Traits::kBlockM + tile_row;
+    inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+    const int32_t i = t.m_block * Traits::kBlockM + coords.row(r);
     if (p.lse != nullptr && thread % 4 == 0 && i < t.len_q)
       p.lse[int64_t(t.head) * p.total_q + t.q_start + i] =
           l > 0.f ? softmax.row_max[r] * p.scale + logf(l) : -INFINITY;
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);
-  for (int idx = wg_thread; idx < kWgRows * kChunksPerRow; idx += 128) {
-    const int row_local = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
-    const int32_t i = t.m_block * Traits::kBlockM + warpgroup * kWgRows + row_local;
-    if (i >= t.len_q) continue;
-    if constexpr (Traits::kPaddedHeadDim)
-      if (chunk >= p.head_dim_chunks) continue;  // a zero column past the caller's head dim
-    const int64_t row = int64_t(t.q_start) + i;
-    Element* dst = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride + chunk * kChunk;
-    *reinterpret_cast<uint4*>(dst) =
-        *reinterpret_cast<const uint4*>(o_smem + row_local * kStride + chunk * kChunk);
+#pragma unroll
+  for (int round = 0; round < kRounds; ++round) {
+    // Accumulator columns [round * kPairsPerRound, +kPairsPerRound) are head-dim columns
+    // [round * kOStagingColumns, +kOStagingColumns) (AccumulatorCoords::col_offset).
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      Element* row_smem = o_smem + (coords.row(r) - warpgroup * kWgRows) * kStride;
+#pragma unroll
+      for (int c = round * kPairsPerRound; c < (round + 1) * kPairsPerRound; c += 2)
+        *reinterpret_cast<uint32_t*>(row_smem + coords.col(c) - round * Traits::kOStagingColumns) =
+            pack2(Element{}, o_rc(r, c) * inv_l[r], o_rc(r, c + 1) * inv_l[r]);
+    }
+    cutlass::arch::NamedBarrier::sync(128, barrier);
+    for (int idx = wg_thread; idx < kWgRows * kChunksPerRow; idx += 128) {
+      const int row_local = idx / kChunksPerRow, chunk_local = idx % kChunksPerRow;
+      const int chunk = round * kChunksPerRow + chunk_local;  // in the whole row
+      const int32_t i = t.m_block * Traits::kBlockM + warpgroup * kWgRows + row_local;
+      if (i >= t.len_q) continue;
+      if constexpr (Traits::kPaddedHeadDim)
+        if (chunk >= p.head_dim_chunks) continue;  // a zero column past the caller's head dim
+      const int64_t row = int64_t(t.q_start) + i;
+      Element* dst = p.out + row * p.out_row_stride + int64_t(t.head) * p.out_head_stride + chunk * kChunk;
+      *reinterpret_cast<uint4*>(dst) =
+          *reinterpret_cast<const uint4*>(o_smem + row_local * kStride + chunk_local * kChunk);
+    }
+    cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging rows are free again
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging rows are free for the next tile
 }
 
 }  // namespace jagflash::kernels::fwd

@@ -157,10 +157,10 @@ using PairsTileConfig = TileConfig<Element, kHeadDim, BlockN<forward_pairs_block
                                    Pairs<2>, Options...>;
 
 // The instantiations per (dtype, head dim): D = 128 with 128-key blocks (and, in a build with
-// benchmark knobs, 64-key blocks and ping-pong); D = 64 with two (Q in registers; ping-pong with
-// knobs) or three consumer warpgroups; D = 64, 96 and 128 with two independent single-warpgroup
-// pairs; D = 256 with two warpgroups and 32-key blocks; D = 192 with 64-key blocks; D = 96 with
-// the default tile.
+// benchmark knobs, 64-, 160- and 176-key blocks and ping-pong, also with 176); D = 64 with two (Q in
+// registers; ping-pong with knobs) or three consumer warpgroups; D = 64, 96 and 128 with two independent
+// single-warpgroup pairs; D = 256 with two warpgroups and 32-key blocks; D = 192 with 64-key blocks; D = 96
+// with the default tile.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
   const ForwardVariant v = choose_forward_variant(a);
@@ -177,13 +177,19 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
       // D = 96 (a forward-only head dim): the default tile beside the pairs (no knob tiles).
       return run_forward_variant<TileConfig<Element, 96>>(a, launch, v.schedule, stream);
     } else if constexpr (kHeadDim == 128) {
-      // The 64-key and ping-pong tiles are chosen by benchmark knobs only (variants.hpp): compiled
-      // in a build with them (core/bench_knobs.hpp), where choose_forward_variant can return them.
+      // The 64-, 160-, 176-key and ping-pong tiles are chosen by benchmark knobs only (variants.hpp):
+      // compiled in a build with them (core/bench_knobs.hpp), where choose_forward_variant can return them.
       if constexpr (kBenchKnobs) {
         if (v.block_n == 64)
           return run_forward_variant<TileConfig<Element, 128, BlockN<64>>>(a, launch, v.schedule, stream);
         if (v.block_n == 160)
           return run_forward_variant<TileConfig<Element, 128, BlockN<160>>>(a, launch, v.schedule, stream);
+        if (v.block_n == 176) {
+          if (v.ping_pong)
+            return run_forward_variant<TileConfig<Element, 128, BlockN<176>, PingPong>>(a, launch, v.schedule,
+                                                                                        stream);
+          return run_forward_variant<TileConfig<Element, 128, BlockN<176>>>(a, launch, v.schedule, stream);
+        }
         if (v.ping_pong)
           return run_forward_variant<TileConfig<Element, 128, PingPong>>(a, launch, v.schedule, stream);
       }

@@ -91,6 +91,7 @@ struct KernelTraits {
       SmemLayoutKVStage{}));
 
   // Sizes from the config, which also budgets the shared memory with them.
+  static constexpr int kOStagingColumns = Config::kOStagingColumns;  // the head dim or half of it
   static constexpr int kOSmemStride = Config::kOSmemStride;
   static constexpr uint32_t kQBytes = Config::kQBytes;
   static constexpr uint32_t kKBytes = Config::kKVBlockBytes;  // one K (or V) block
@@ -116,7 +117,7 @@ struct SharedStorage {
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutQBuffers>, 1024> q;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> k;
   cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutKV>, 1024> v;
-  // O of the tile on its way out (epilogue), [kBlockM][kOSmemStride].
+  // O of the tile on its way out (epilogue), [kBlockM][kOSmemStride]: kOStagingColumns at a time.
   cute::array_aligned<typename Traits::Element, Traits::kBlockM * Traits::kOSmemStride, 128> o;
   // Q is double-buffered by tile parity (kQBuffers = 2): the producer loads the next tile's Q
   // while the consumers still work on the current one, so a tile starts without waiting for its

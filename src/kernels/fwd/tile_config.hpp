@@ -15,7 +15,7 @@ namespace jagflash::kernels::fwd {
 // kBlockN keys per block: 128 by default (S 64 x 128 fp32 and O 64 x D fp32 fit the consumer
 //   registers with P in bf16); 64 wastes less of short sequences' last block. D = 256 takes 32:
 //   O alone is 128 fp32 registers a thread, and one Q buffer (64 KB), the O staging tile (66 KB)
-//   and two K/V stages of 32 keys (64 KB) fill the shared memory.
+//   and three K/V stages of 32 keys (96 KB) fill the shared memory.
 // kStages K/V stages: as many as fit (up to 4) next to two Q buffers and the O staging tile in
 //   the 227 KB a CTA may use: 2 at D = 128 with 128-key blocks (231.7 KB of 232448 bytes).
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (named barriers), so
@@ -132,19 +132,30 @@ struct TileConfig {
   static constexpr int kKVBlockBytes = kBlockN * kHeadDim * int(sizeof(Element));  // one K (or V) block
   // O staging rows are padded by 16 bytes: the accumulator writes of a warp (8 rows x 4 threads)
   // then hit 32 different banks.
-  static constexpr int kOSmemStride = kHeadDim + 16 / int(sizeof(Element));
-  static constexpr int kOStagingBytes = kBlockM * kOSmemStride * int(sizeof(Element));
-  static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
-  static constexpr int fit_stages(int q_buffers) {
-    return (kPairSmemLimit - q_buffers * kQBytes - kOStagingBytes - 1024) / kStageBytes;
+  static constexpr int staging_bytes(int columns) {
+    return kBlockM * (columns + 16 / int(sizeof(Element))) * int(sizeof(Element));
   }
+  static constexpr int kStageBytes = 2 * kKVBlockBytes;  // K and V
+  static constexpr int fit_stages_with(int q_buffers, int o_columns) {
+    return (kPairSmemLimit - q_buffers * kQBytes - staging_bytes(o_columns) - 1024) / kStageBytes;
+  }
+  // The O staging tile holds the whole head dim, or half of it where the whole would leave fewer
+  // than two K/V stages next to one Q buffer (176-key blocks at D = 128: 2 x 88 KB of K/V, 32 KB
+  // of Q, and 18 KB of half-width staging fill the 227 KB; whole-width staging, 34 KB, does not
+  // fit). The epilogue then stages and stores each warpgroup's rows in two rounds of half the
+  // columns (epilogue_fwd.cuh); each warpgroup keeps its own rows, so no warpgroup waits for another.
+  static constexpr int kOStagingColumns = fit_stages_with(1, kHeadDim) >= 2 ? kHeadDim : kHeadDim / 2;
+  static constexpr int kOSmemStride = kOStagingColumns + 16 / int(sizeof(Element));
+  static constexpr int kOStagingBytes = staging_bytes(kOStagingColumns);
+  static constexpr int fit_stages(int q_buffers) { return fit_stages_with(q_buffers, kOStagingColumns); }
   // Two Q buffers: the next tile's Q loads while the current one runs. Past D = 128 a second
   // buffer does not fit next to two K/V stages. With two pairs, two each where they leave as
   // many stages as one (D = 64: two stages of 128 keys, D = 96: three of 64); at D = 128 they
   // would leave a single stage of 64 keys, so one, and the other pair hides the wait.
-  // 160-key blocks at D = 128 (FA3 takes 176 there without a mask: fewer blocks a row, so less
-  // of each block's fixed work, the max, the rescale, the barriers, a key) leave two stages with one Q buffer
-  // and the O staging tile: exactly 2 x 80 KB + 32 KB + 34 KB + 1 KB of the 227 KB.
+  // 160- and 176-key blocks at D = 128 (FA3 takes 176 there without a mask: fewer blocks a row,
+  // so less of each block's fixed work, the max, the rescale, the barriers, a key) leave two stages
+  // with one Q buffer: 2 x 80 KB + 32 KB + 34 KB (O staging) + 1 KB of the 227 KB at 160, and
+  // 2 x 88 KB + 32 KB + 18 KB (half-width O staging) + 1 KB at 176.
   static constexpr int kQBuffers = kHeadDim > 128 || kBlockN > 128  ? 1
                                    : kPairs == 1                    ? 2
                                    : fit_stages(2) >= fit_stages(1) ? 2
@@ -164,8 +175,11 @@ struct TileConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "the Hopper forward serves head dims 64, 96, 128, 192, 256");
   static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 32 && kHeadDim == 256) ||
-                    (kBlockN == 160 && kHeadDim == 128 && kPairs == 1),
-                "key blocks of 64 or 128 (32 at D = 256; 160 at D = 128 with one pair)");
+                    ((kBlockN == 160 || kBlockN == 176) && kHeadDim == 128 && kPairs == 1),
+                "key blocks of 64 or 128 (32 at D = 256; 160 or 176 at D = 128 with one pair)");
+  static_assert(kOStagingColumns == kHeadDim ||
+                    (kOStagingColumns * 2 == kHeadDim && kOStagingColumns % 16 == 0),
+                "O staged whole or in two halves of whole 16-byte chunks");
   static_assert(kHeadDim < 256 || (kPairs == 1 && kConsumerWarpgroups == 2),
                 "D = 256: one pair, two warpgroups");
   static_assert(kAllConsumerWarpgroups == 2 || kAllConsumerWarpgroups == 3,

@@ -32,7 +32,8 @@ struct ForwardVariant {
 // tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements behind the defaults.
 //   JAGFLASH_FWD_SCHEDULE   = dynamic | zigzag | grid
 //   JAGFLASH_FWD_PINGPONG   = 0 | 1          (two consumer warpgroups only)
-//   JAGFLASH_FWD_BLOCK_N    = 64 | 128 | 160 (head dim 128 only; 160: one Q buffer, tile_config.hpp)
+//   JAGFLASH_FWD_BLOCK_N    = 64 | 128 | 160 | 176 (head dim 128 only; 160, 176: one Q buffer,
+//                             176: O staged in halves, tile_config.hpp)
 //   JAGFLASH_FWD_WARPGROUPS = 2 | 3          (head dim 64 only)
 //   JAGFLASH_FWD_PAIRS      = 1 | 2          (2: one warpgroup per 64-row tile, two per CTA)
 struct ForwardKnobs {
@@ -52,7 +53,7 @@ struct ForwardKnobs {
       if (const char* s = bench_knob("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
       if (const char* s = bench_knob("JAGFLASH_FWD_BLOCK_N")) {
         const int n = std::atoi(s);
-        k.block_n = n == 64 || n == 160 ? n : 128;
+        k.block_n = n == 64 || n == 160 || n == 176 ? n : 128;
       }
       if (const char* s = bench_knob("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
       if (const char* s = bench_knob("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
