@@ -344,13 +344,6 @@ struct Consumer {
         if (n > bulk_hi || n < bulk_lo) mask_block(n);
         softmax_update();
       };
-      // The same with the mask decided by the caller (masked), so that the loop's softmax has no
-      // branch in it (see the loop below).
-      auto scores_to_p_decided = [&](int32_t n, auto masked) {
-        modify_scores(n);
-        if constexpr (decltype(masked)::value) mask_block(n);
-        softmax_update();
-      };
       auto convert_p = [&] {
 #pragma unroll
         for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
@@ -393,14 +386,8 @@ struct Consumer {
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
       // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
       // runs while that GEMM is in flight, and only the conversion of P waits for it.
-      // One block of the loop. Its softmax sits between the wait for S and the wait for P V, and
-      // must hold no branch: ptxas places the wait for P V at the top of the basic block that
-      // follows the last branch before it, so a mask test there (the peeled blocks' mask, decided
-      // per block at run time) put the wait before the whole softmax and the softmax never ran
-      // under P V (SASS of every forward kernel until 2026-12-06: no MUFU between the two waits;
-      // ncu, H200, uniform 16k no mask: 11.5% of all stall samples on that wait). So the loop
-      // chooses between two copies of the block, masked and mask-free, before the GEMMs' issue.
-      auto loop_block = [&](int32_t n, int32_t n_next, auto masked) {
+      for (int32_t n = n_second, n_next = 0; n >= n_lo; n = n_next) {
+        n_next = walk.after(n, n_lo);
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
@@ -421,7 +408,7 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
-        scores_to_p_decided(n, masked);
+        scores_to_p(n);
         trace.stamp(trace_thread, kTraceSoftmax);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
@@ -433,13 +420,6 @@ struct Consumer {
         convert_p();
         trace.stamp(trace_thread, kTraceEnd);
         trace.block_done();
-      };
-      for (int32_t n = n_second, n_next = 0; n >= n_lo; n = n_next) {
-        n_next = walk.after(n, n_lo);
-        if (n > bulk_hi || n < bulk_lo)
-          loop_block(n, n_next, std::true_type{});
-        else
-          loop_block(n, n_next, std::false_type{});
       }
       if (n_lo <= n_hi) {
         // Last block's O += P V, after O's rescale for its running max.
