@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <vector>
 
 #include <initializer_list>
@@ -79,6 +81,65 @@ TEST(ForwardVariants, DefaultsFollowHeadDimAndMask) {
     EXPECT_FALSE(v.ping_pong);
     EXPECT_EQ(v.schedule, Schedule::kDynamic);
   }
+}
+
+// D = 64 causal takes three warpgroups once both sides' mean sequence reaches
+// kCausalThreeWarpgroupsMeanLength rows (a shape: rows / batch size), not below it, not with a
+// window, not for an empty batch; pooled, the query set's length counts. The knobs still win.
+TEST(ForwardVariants, LongCausalSequencesTakeThreeWarpgroupsAtHeadDim64) {
+  const int64_t threshold = kernels::fwd::kCausalThreeWarpgroupsMeanLength;
+  auto with_lengths = [](jf_mask mask, int64_t q_rows, int64_t kv_rows, int32_t batch) {
+    jf_fwd_args a = call(64, mask);
+    a.problem.batch_size = batch;
+    a.problem.q.rows = q_rows;
+    a.problem.k.rows = a.problem.v.rows = kv_rows;
+    return a;
+  };
+  auto warpgroups = [](const jf_fwd_args& a, ForwardKnobs k = ForwardKnobs{}) {
+    return choose_forward_variant(a, k).warpgroups;
+  };
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_CAUSAL, 8 * threshold, 8 * threshold, 8)), 3);
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_CAUSAL, 8 * threshold - 1, 8 * threshold, 8)), 2);
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_CAUSAL, 8 * threshold, 8 * threshold - 1, 8)), 2);
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_CAUSAL, 0, 0, 0)), 2);
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_WINDOW, 8 * threshold, 8 * threshold, 8)), 2);
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_NONE, 8, 8, 8)), 3) << "no mask: three at every length";
+  const jf_fwd_args long_128 = [&] {
+    jf_fwd_args a = with_lengths(JF_MASK_CAUSAL, 8 * threshold, 8 * threshold, 8);
+    a.problem.q.head_dim = a.problem.k.head_dim = a.problem.v.head_dim = 128;
+    return a;
+  }();
+  EXPECT_EQ(warpgroups(long_128), 2) << "D = 128 has no three-warpgroup tile";
+  ForwardKnobs two;
+  two.warpgroups = 2;
+  EXPECT_EQ(warpgroups(with_lengths(JF_MASK_CAUSAL, 8 * threshold, 8 * threshold, 8), two), 2);
+  // Pooled: a query set of `threshold` rows (q.rows holds the set) against long sequences.
+  jf_fwd_args pooled = with_lengths(JF_MASK_CAUSAL, threshold, 8 * threshold, 8);
+  pooled.problem.pooled_q_rows = static_cast<int32_t>(threshold);
+  EXPECT_EQ(warpgroups(pooled), 3);
+  pooled.problem.q.rows = 8 * threshold;  // the dispatcher's view: the output rows
+  EXPECT_EQ(warpgroups(pooled), 3);
+  pooled.problem.pooled_q_rows = static_cast<int32_t>(threshold / 2);
+  EXPECT_EQ(warpgroups(pooled), 2);
+}
+
+// The knobs are read from the environment at every call (bench/sweep.py times variants in one
+// process), in a build with them; without them the environment plays no part.
+TEST(ForwardVariants, KnobsAreReadAtEveryCall) {
+  ASSERT_EQ(setenv("JAGFLASH_FWD_BLOCK_N", "64", 1), 0);
+  const int with_knob = ForwardKnobs::get().block_n;
+  ASSERT_EQ(setenv("JAGFLASH_FWD_BLOCK_N", "176", 1), 0);
+  const int changed = ForwardKnobs::get().block_n;
+  ASSERT_EQ(unsetenv("JAGFLASH_FWD_BLOCK_N"), 0);
+  const int without = ForwardKnobs::get().block_n;
+  if (kBenchKnobs) {
+    EXPECT_EQ(with_knob, 64);
+    EXPECT_EQ(changed, 176);
+  } else {
+    EXPECT_EQ(with_knob, 0);
+    EXPECT_EQ(changed, 0);
+  }
+  EXPECT_EQ(without, 0);
 }
 
 // Each shape knob reaches only the tiles instantiated for it (fwd_launch.cuh): 64-key blocks

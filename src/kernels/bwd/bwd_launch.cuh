@@ -14,15 +14,13 @@
 
 namespace jagflash::kernels::bwd {
 
-// Benchmark knob, read once: JAGFLASH_BWD_SCHEDULE = dynamic (default) | zigzag | grid.
+// Benchmark knob, read at every launch (as the forward's, variants.hpp, so that one process can
+// time its values side by side): JAGFLASH_BWD_SCHEDULE = dynamic (default) | zigzag | grid.
 inline Schedule schedule_knob() {
-  static const Schedule s = [] {
-    const char* v = bench_knob("JAGFLASH_BWD_SCHEDULE");
-    if (v != nullptr && std::strcmp(v, "zigzag") == 0) return Schedule::kZigzag;
-    if (v != nullptr && std::strcmp(v, "grid") == 0) return Schedule::kGrid;
-    return Schedule::kDynamic;
-  }();
-  return s;
+  const char* v = bench_knob("JAGFLASH_BWD_SCHEDULE");
+  if (v != nullptr && std::strcmp(v, "zigzag") == 0) return Schedule::kZigzag;
+  if (v != nullptr && std::strcmp(v, "grid") == 0) return Schedule::kGrid;
+  return Schedule::kDynamic;
 }
 
 // The order of a sequence's tiles (Params::l2_group_rows in both modes, rotated_q_order outside

@@ -27,9 +27,12 @@ struct ForwardVariant {
   int block_m() const { return 64 * warpgroups; }
 };
 
-// Benchmark knobs, read from the environment once in a build with them (core/bench_knobs.hpp;
-// none elsewhere: every field keeps its default); each forces one choice and every combination is
-// tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements behind the defaults.
+// Benchmark knobs, read from the environment at every launch in a build with them
+// (core/bench_knobs.hpp; none elsewhere: every field keeps its default), so that one process can
+// time them side by side (bench/sweep.py --variant; until 2026-12-06 they were read once, and a
+// variant timed after the default in the same process ran the default); each forces one choice
+// and every combination is tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements
+// behind the defaults. A reused plan built under other knobs is refused on the device (its key).
 //   JAGFLASH_FWD_SCHEDULE   = dynamic | zigzag | grid
 //   JAGFLASH_FWD_PINGPONG   = 0 | 1          (two consumer warpgroups only)
 //   JAGFLASH_FWD_BLOCK_N    = 64 | 128 | 160 | 176 (head dim 128 only; 160, 176: one Q buffer,
@@ -43,9 +46,9 @@ struct ForwardKnobs {
   int warpgroups = 0;  // 0: not forced
   int pairs = 0;       // 0: not forced
 
-  static const ForwardKnobs& get() {
-    static const ForwardKnobs knobs = [] {
-      ForwardKnobs k;
+  static ForwardKnobs get() {
+    ForwardKnobs k;
+    if constexpr (kBenchKnobs) {
       if (const char* s = bench_knob("JAGFLASH_FWD_SCHEDULE")) {
         if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
         if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
@@ -57,9 +60,8 @@ struct ForwardKnobs {
       }
       if (const char* s = bench_knob("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
       if (const char* s = bench_knob("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
-      return k;
-    }();
-    return knobs;
+    }
+    return k;
   }
 };
 
@@ -70,7 +72,12 @@ struct ForwardKnobs {
 // 744ef74 to 4aef8a6):
 //  - D = 64 without a mask: three consumer warpgroups (192-row tiles). With Q double-buffered
 //    they won on all five distributions (+4% short to +17% gemskew); with a causal or window
-//    mask they lost on short sequences (-16%) and uniform1k (-9%), so masks keep two.
+//    mask they lost on short sequences (-16%) and uniform1k (-9%), so masks keep two, except
+//  - D = 64 causal where the mean sequence (rows / batch size, of q and of kv) is at least
+//    kCausalThreeWarpgroupsMeanLength: three warpgroups there too (bench/NOTES.md, session 46,
+//    H200, each variant in its own process beside FA3 varlen, two runs: uniform L = 2k +3 / +6%,
+//    4k +5%, 8k +10 / +12%, 16k +12%; L = 1k -8%, so the threshold sits above it). The mean is
+//    a shape (total rows and batch size), so the choice stays independent of the offsets.
 //  - everything else: two warpgroups, 128-key blocks, no ping-pong. (64-key blocks won only on
 //    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
 //    on short: 198.6 vs 198.4 TFLOP/s.)
@@ -89,6 +96,15 @@ struct ForwardKnobs {
 //    can have its own keys). bench/pooled.py, H200, 1217d2a: forward 331 -> 281 us (Lq 16),
 //    329 -> 281 (32), 349 -> 292 (64), same process as FA3 with q repeated.
 inline constexpr int32_t kPairsMaxSeqlen = 256;
+inline constexpr int64_t kCausalThreeWarpgroupsMeanLength = 2048;
+// Whether both sides' mean sequence is at least `length` rows long (a batch of none is not).
+// Pooled, every sequence has the query set's pooled_q_rows (whether q.rows holds the set or, in
+// the dispatcher's view, the output rows).
+inline bool mean_length_at_least(const jf_problem& p, int64_t length) {
+  if (p.batch_size <= 0) return false;
+  const bool q_long = p.pooled_q_rows > 0 ? p.pooled_q_rows >= length : p.q.rows >= length * p.batch_size;
+  return q_long && p.k.rows >= length * p.batch_size;
+}
 inline constexpr int32_t kPooledPairsMaxRows = 64;
 inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
@@ -114,7 +130,10 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
   const bool own_64_or_128 =
       (kernel_d == 64 || kernel_d == 128) && d == kernel_d && a.problem.v.head_dim == d;
   if (own_64_or_128) {
-    if (kernel_d == 64 && a.problem.mask == JF_MASK_NONE) v.warpgroups = 3;
+    if (kernel_d == 64 && (a.problem.mask == JF_MASK_NONE ||
+                           (a.problem.mask == JF_MASK_CAUSAL &&
+                            mean_length_at_least(a.problem, kCausalThreeWarpgroupsMeanLength))))
+      v.warpgroups = 3;
     if (kernel_d == 128 && k.block_n != 0) v.block_n = k.block_n;
     if (kernel_d == 64 && k.warpgroups != 0) v.warpgroups = k.warpgroups;
     if (v.warpgroups == 2 && k.ping_pong >= 0) v.ping_pong = k.ping_pong == 1;
