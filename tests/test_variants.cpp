@@ -1,9 +1,11 @@
 // Which Hopper forward variant a call gets (host-only: no GPU needed). choose_forward_variant
-// reads the q head dim, the mask, the score modifier, launch.max_seqlen_hint,
-// problem.pooled_q_rows and the benchmark knobs; these tests vary those and nothing else. Its
+// reads the q head dim, the mask, the score modifier, the mean sequence length (rows / batch size),
+// launch.max_seqlen_hint, problem.pooled_q_rows and the benchmark knobs; these tests vary those and
+// nothing else. Its
 // answer is both the tile the launcher instantiates (kernels/fwd/fwd_launch.cuh) and the tile the
 // dispatcher sizes the call's plan for, so a wrong answer is a plan built for another tile shape.
-// Every test passes its knobs explicitly: the environment's (ForwardKnobs::get) play no part.
+// Every test passes its knobs explicitly, the environment's (ForwardKnobs::get) play no part, but
+// KnobsAreReadAtEveryCall, which tests that reading itself (and unsets what it set).
 #include "kernels/fwd/variants.hpp"
 #include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"

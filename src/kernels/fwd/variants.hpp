@@ -46,21 +46,20 @@ struct ForwardKnobs {
   int warpgroups = 0;  // 0: not forced
   int pairs = 0;       // 0: not forced
 
+  // bench_knob is nullptr for every name in a build without knobs: all fields keep their defaults.
   static ForwardKnobs get() {
     ForwardKnobs k;
-    if constexpr (kBenchKnobs) {
-      if (const char* s = bench_knob("JAGFLASH_FWD_SCHEDULE")) {
-        if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
-        if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
-      }
-      if (const char* s = bench_knob("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
-      if (const char* s = bench_knob("JAGFLASH_FWD_BLOCK_N")) {
-        const int n = std::atoi(s);
-        k.block_n = n == 64 || n == 160 || n == 176 ? n : 128;
-      }
-      if (const char* s = bench_knob("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
-      if (const char* s = bench_knob("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
+    if (const char* s = bench_knob("JAGFLASH_FWD_SCHEDULE")) {
+      if (std::strcmp(s, "zigzag") == 0) k.schedule = Schedule::kZigzag;
+      if (std::strcmp(s, "grid") == 0) k.schedule = Schedule::kGrid;
     }
+    if (const char* s = bench_knob("JAGFLASH_FWD_PINGPONG")) k.ping_pong = std::strcmp(s, "1") == 0 ? 1 : 0;
+    if (const char* s = bench_knob("JAGFLASH_FWD_BLOCK_N")) {
+      const int n = std::atoi(s);
+      k.block_n = n == 64 || n == 160 || n == 176 ? n : 128;
+    }
+    if (const char* s = bench_knob("JAGFLASH_FWD_WARPGROUPS")) k.warpgroups = std::atoi(s) == 3 ? 3 : 2;
+    if (const char* s = bench_knob("JAGFLASH_FWD_PAIRS")) k.pairs = std::atoi(s) == 2 ? 2 : 1;
     return k;
   }
 };
@@ -96,6 +95,7 @@ struct ForwardKnobs {
 //    can have its own keys). bench/pooled.py, H200, 1217d2a: forward 331 -> 281 us (Lq 16),
 //    329 -> 281 (32), 349 -> 292 (64), same process as FA3 with q repeated.
 inline constexpr int32_t kPairsMaxSeqlen = 256;
+inline constexpr int32_t kPooledPairsMaxRows = 64;
 inline constexpr int64_t kCausalThreeWarpgroupsMeanLength = 2048;
 // Whether both sides' mean sequence is at least `length` rows long (a batch of none is not).
 // Pooled, every sequence has the query set's pooled_q_rows (whether q.rows holds the set or, in
@@ -105,7 +105,6 @@ inline bool mean_length_at_least(const jf_problem& p, int64_t length) {
   const bool q_long = p.pooled_q_rows > 0 ? p.pooled_q_rows >= length : p.q.rows >= length * p.batch_size;
   return q_long && p.k.rows >= length * p.batch_size;
 }
-inline constexpr int32_t kPooledPairsMaxRows = 64;
 inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
