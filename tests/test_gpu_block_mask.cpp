@@ -10,6 +10,7 @@
 // jagflash_read_device_error reports it); map pointers in host memory refused.
 #include "core/dtype.hpp"
 #include "gpu_call_checks.hpp"
+#include "hopper_served.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -111,8 +112,9 @@ void size_workspace(GpuBatch& g, jf_backend backend) {
   if (need > g.workspace.bytes()) g.workspace = DeviceBuffer(need);
 }
 
-// Whether AUTO serves g's block mask on this GPU: the Hopper kernels on an H200/H100 (asserted:
-// a Hopper GPU must not fall back to the oracle at D = 64/128), the oracle elsewhere.
+// Whether AUTO serves g's block mask on this GPU: the Hopper kernels on an H200/H100 where this
+// build has them (asserted: a Hopper GPU must not fall back to the oracle there), the oracle
+// elsewhere.
 bool auto_serves(const GpuBatch& g) {
   const jf_problem p = g.problem();
   jf_launch l{};
@@ -125,7 +127,7 @@ bool auto_serves(const GpuBatch& g) {
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    if (major == 9 && minor == 0) {
+    if (major == 9 && minor == 0 && testing::registry_serves(dir, testing::HopperCall::of(g.spec))) {
       EXPECT_EQ(b, JF_BACKEND_HOPPER) << "a block mask at D = " << p.q.head_dim << " on a Hopper GPU";
     }
   }

@@ -7,6 +7,7 @@
 // head dim, with nothing written.
 #include "core/dtype.hpp"
 #include "gpu_call_checks.hpp"
+#include "hopper_served.hpp"
 #include "kernels/fwd/variants.hpp"
 #include "testing/gpu_batch.hpp"
 
@@ -71,8 +72,11 @@ BatchSpec awkward(int d, jf_dtype dtype, jf_mask mask, uint64_t seed) {
 }
 
 // Forward (and with_backward, backward) with AUTO on the Hopper kernels, the inputs' row padding
-// NaN, then the reference on every sequence and the outputs' row padding still NaN.
-void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0) {
+// NaN, then the reference on every sequence and the outputs' row padding still NaN. A case this
+// build does not serve is noted in `cases` and not run.
+void run_and_check(testing::HopperCases& cases, const BatchSpec& s, bool with_backward,
+                   int deterministic = 0) {
+  if (!cases.serve(testing::HopperCall::of(s), with_backward)) return;
   SCOPED_TRACE(label(s));
   GpuBatch g = testing::make_gpu_batch(s);
   for (auto [buffer, view] : {std::pair<DeviceBuffer*, const jf_tensor*>{&g.q, &g.q_view},
@@ -91,31 +95,36 @@ void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0
 }
 
 TEST(GpuHeadDims, PaddedUpTo128BothDirections) {
+  testing::HopperCases cases;
   uint64_t seed = 200;
   for (int d : {8, 32, 40, 72, 80, 96, 112})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
       for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW})
-        run_and_check(awkward(d, dt, mask, ++seed), /*with_backward=*/true);
+        run_and_check(cases, awkward(d, dt, mask, ++seed), /*with_backward=*/true);
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Past 128: the 256 kernels (the backward's wide one, mainloop_bwd_wide.cuh), padded below 256.
 TEST(GpuHeadDims, PaddedPast128BothDirections) {
+  testing::HopperCases cases;
   uint64_t seed = 300;
   for (int d : {136, 160, 192, 224, 248, 256})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
       for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW}) {
         SCOPED_TRACE("D=" + std::to_string(d));
         ++seed;
-        run_and_check(awkward(d, dt, mask, seed), /*with_backward=*/true,
+        run_and_check(cases, awkward(d, dt, mask, seed), /*with_backward=*/true,
                       /*deterministic=*/static_cast<int>(seed % 2));
         if (::testing::Test::HasFatalFailure()) return;
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // A v head dim of its own (DeepSeek's 192 / 128 and others): the forward on the Hopper kernels
 // (V zero-filled past its head dim, O's columns there not stored), against the reference, every
 // mask, both dtypes.
 TEST(GpuHeadDims, NarrowerVForward) {
+  testing::HopperCases cases;
   uint64_t seed = 400;
   for (auto [d, dv] : {std::pair<int, int>{192, 128}, {128, 64}, {64, 32}, {96, 64}, {256, 128}, {80, 8}})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
@@ -123,9 +132,10 @@ TEST(GpuHeadDims, NarrowerVForward) {
         BatchSpec s = awkward(d, dt, mask, ++seed);
         s.v_head_dim = dv;
         SCOPED_TRACE("Dv=" + std::to_string(dv));
-        run_and_check(s, /*with_backward=*/false);
+        run_and_check(cases, s, /*with_backward=*/false);
         if (::testing::Test::HasFatalFailure()) return;
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // A v head dim of its own: the backward on the Hopper kernels too (DeepSeek's 192 / 128 on the
@@ -133,6 +143,7 @@ TEST(GpuHeadDims, NarrowerVForward) {
 // zero-filled past Dv, delta over Dv, dV's columns past it never stored), against the reference,
 // both dtypes, every mask, both backward modes; the inputs' and outputs' row padding NaN.
 TEST(GpuHeadDims, NarrowerVBackward) {
+  testing::HopperCases cases;
   uint64_t seed = 460;
   for (auto [d, dv] : {std::pair<int, int>{128, 64},
                        {64, 32},
@@ -147,7 +158,7 @@ TEST(GpuHeadDims, NarrowerVBackward) {
         BatchSpec s = awkward(d, dt, mask, ++seed);
         s.v_head_dim = dv;
         SCOPED_TRACE("Dv=" + std::to_string(dv));
-        run_and_check(s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
+        run_and_check(cases, s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
         if (::testing::Test::HasFatalFailure()) return;
       }
   // MQA, the group split over 4 tiles (the benchmark knob forces it): fp32 dK/dV partials that the
@@ -162,20 +173,22 @@ TEST(GpuHeadDims, NarrowerVBackward) {
   s.v_head_dim = 64;
   s.mask = JF_MASK_CAUSAL;
   s.seed = 490;
-  run_and_check(s, /*with_backward=*/true);
+  run_and_check(cases, s, /*with_backward=*/true);
   s.head_dim = 192;  // the wide kernel's split groups (its dK/dV halves into the partials)
   s.v_head_dim = 128;
-  run_and_check(s, /*with_backward=*/true);
+  run_and_check(cases, s, /*with_backward=*/true);
   s.head_dim = 96;  // the D = 96 kernel's (48-column dQ halves, 192-byte staging rows)
   s.v_head_dim = 80;
-  run_and_check(s, /*with_backward=*/true);
+  run_and_check(cases, s, /*with_backward=*/true);
   unsetenv("JAGFLASH_BWD_GROUP_SPLITS");
+  JF_REPORT_UNSERVED(cases);
 }
 
 // A max_seqlen hint of at most 256 (every sequence short): the forward's two-pair tile (one
 // warpgroup, 64 query rows a tile, two pairs a CTA) on the 64, 96 and 128 kernels, padded below
 // them and at 96's own head dim; both dtypes, every mask, lengths 0 and 1, q != kv, GQA.
 TEST(GpuHeadDims, ShortHintTakesThePairsBothDirections) {
+  testing::HopperCases cases;
   uint64_t seed = 700;
   for (int d : {40, 80, 96, 112})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
@@ -183,18 +196,21 @@ TEST(GpuHeadDims, ShortHintTakesThePairsBothDirections) {
         BatchSpec s = awkward(d, dt, mask, ++seed);
         s.len_kv[3] = 256;  // every length at most the hint
         s.max_seqlen_hint = 256;
+        if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
         GpuBatch probe = testing::make_gpu_batch(s);
         const kernels::fwd::ForwardVariant v =
             kernels::fwd::choose_forward_variant(probe.forward_args(JF_BACKEND_AUTO), {});
         EXPECT_EQ(v.pairs, 2) << "D=" << d;
-        run_and_check(s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
+        run_and_check(cases, s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
         if (::testing::Test::HasFatalFailure()) return;
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Longer sequences (the forward's mask-free bulk, several Q blocks a backward tile, MQA) in both
 // backward modes.
 TEST(GpuHeadDims, LongerSequencesBothModes) {
+  testing::HopperCases cases;
   for (int det : {0, 1})
     for (int d : {80, 96, 192, 256}) {
       BatchSpec s;
@@ -205,35 +221,41 @@ TEST(GpuHeadDims, LongerSequencesBothModes) {
       s.head_dim = d;
       s.mask = JF_MASK_CAUSAL;
       s.seed = 400 + d + det;
-      run_and_check(s, /*with_backward=*/true, det);
+      run_and_check(cases, s, /*with_backward=*/true, det);
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1).
 TEST(GpuHeadDims, SmallCaseForSanitizers) {
+  testing::HopperCases cases;
   for (int d : {80, 96, 192, 256}) {
     BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 500 + d);
     s.len_q = {1, 65, 0, 130};
     s.len_kv = {2, 63, 5, 130};
-    run_and_check(s, /*with_backward=*/true);
+    run_and_check(cases, s, /*with_backward=*/true);
   }
   // A v head dim of its own, both directions (V and dO zero-filled past it, dv's columns bounded).
   BatchSpec s = awkward(128, JF_BF16, JF_MASK_CAUSAL, 520);
   s.len_q = {1, 65, 0, 130};
   s.len_kv = {2, 63, 5, 130};
   s.v_head_dim = 64;
-  run_and_check(s, /*with_backward=*/true);
+  run_and_check(cases, s, /*with_backward=*/true);
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuHeadDims, DeterministicRepeatsAreBitwiseIdentical) {
+  testing::HopperCases cases;
   for (int d : {80, 96, 192, 256}) {
     SCOPED_TRACE("D=" + std::to_string(d));
     BatchSpec s = awkward(d, JF_BF16, d == 192 ? JF_MASK_CAUSAL : JF_MASK_NONE, 600 + d);
     s.len_q = {300, 17, 513};
     s.len_kv = {300, 40, 513};
+    if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
     GpuBatch g = testing::make_gpu_batch(s);
     testing::expect_deterministic_backward_repeats(g, 20);
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // What no path serves: JF_ERR_UNSUPPORTED naming the head dim (or the backend asked for), out and

@@ -10,6 +10,7 @@
 // does not test a mode explicitly in deterministic mode.
 #include "core/dtype.hpp"
 #include "gen/distributions.hpp"
+#include "hopper_served.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -178,8 +179,10 @@ void expect_matches_reference(const GpuBatch& g) {
   EXPECT_LE(c.dv_rel, testing::backward_tolerance(g.spec.dtype)) << "dv";
 }
 
-// Hopper forward + Hopper backward on a new batch of `s`, then the CPU reference on all of it.
-void run_hopper_and_check(const BatchSpec& s, int deterministic) {
+// Hopper forward + Hopper backward on a new batch of `s`, then the CPU reference on all of it; a
+// case this build does not serve is noted in `cases` and not run.
+void run_hopper_and_check(testing::HopperCases& cases, const BatchSpec& s, int deterministic) {
+  if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) return;
   SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
   GpuBatch g = testing::make_gpu_batch(s);
   ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
@@ -201,6 +204,7 @@ void expect_gradients_close(const GpuBatch& fast, const GpuBatch& slow, double t
 // Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1): both modes, every
 // sequence ending inside a tile, GQA, q != kv, lengths 0, 1, 2, row padding.
 TEST(GpuHopperBackward, SmallAgainstReference) {
+  testing::HopperCases cases;
   BatchSpec a;
   a.len_q = {1, 63, 65, 129, 0, 2};
   a.len_kv = {2, 64, 63, 130, 5, 0};
@@ -225,7 +229,8 @@ TEST(GpuHopperBackward, SmallAgainstReference) {
   c.heads_kv = 2;
   c.seed = 5;
   for (const BatchSpec& s : {a, b, c})
-    for (int det : {0, 1}) run_hopper_and_check(s, det);
+    for (int det : {0, 1}) run_hopper_and_check(cases, s, det);
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Sets a backward knob the dispatcher and the launch read at every call
@@ -245,6 +250,7 @@ struct EnvOverride {
 // falls back to 1 there) and the rule's own choice, against the CPU reference; then 20 repeats
 // with 4 splits bitwise equal.
 TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
+  testing::HopperCases cases;
   BatchSpec a;
   a.len_q = {400, 129, 1, 0, 64};
   a.len_kv = {380, 300, 2, 5, 0};
@@ -264,8 +270,12 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
     for (const char* splits : {"1", "2", "4", "8", ""}) {
       SCOPED_TRACE(std::string("JAGFLASH_BWD_GROUP_SPLITS=") + splits);
       EnvOverride knob("JAGFLASH_BWD_GROUP_SPLITS", splits);
-      run_hopper_and_check(s, knob_deterministic());
+      run_hopper_and_check(cases, s, knob_deterministic());
     }
+  if (!cases.serve(testing::HopperCall::of(a), /*with_backward=*/true)) {
+    JF_REPORT_UNSERVED(cases);
+    return;
+  }
   EnvOverride knob("JAGFLASH_BWD_GROUP_SPLITS", "4");
   GpuBatch g = testing::make_gpu_batch(a);
   ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
@@ -284,6 +294,7 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
     ASSERT_TRUE(to_host(g.dk) == first_dk) << "dk differs from the first run's in run " << run;
     ASSERT_TRUE(to_host(g.dv) == first_dv) << "dv differs from the first run's in run " << run;
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // The tile orders outside the deterministic mode: the L2 groups of (KV head, split) pairs at
@@ -292,6 +303,7 @@ TEST(GpuHopperBackward, SplitGroupsAgainstReference) {
 // and MHA, against the CPU reference. The default budget makes one group of every small batch,
 // so only the knob reaches the grouped decode on batches a test can check.
 TEST(GpuHopperBackward, TileOrdersAgainstReference) {
+  testing::HopperCases cases;
   BatchSpec a;
   a.len_q = {700, 129, 1, 0, 300, 64};
   a.len_kv = {650, 300, 2, 5, 300, 0};
@@ -315,11 +327,12 @@ TEST(GpuHopperBackward, TileOrdersAgainstReference) {
         for (int det : {0, 1}) {  // the deterministic mode takes the groups, never the rotation
           SCOPED_TRACE(std::string("JAGFLASH_BWD_L2_GROUP_MB=") + mb + " JAGFLASH_BWD_ROTATE=" + rotate);
           EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", mb), rot("JAGFLASH_BWD_ROTATE", rotate);
-          run_hopper_and_check(s, det);
+          run_hopper_and_check(cases, s, det);
         }
   // In the deterministic mode a Q block's partials add in the same turns whatever the tiles'
   // order: dq, dk and dv bitwise the same with groups of one pair as with none.
   for (const BatchSpec& s : {a, b}) {
+    if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
     GpuBatch g = testing::make_gpu_batch(s);
     ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
     std::vector<unsigned char> plain[3];
@@ -341,10 +354,12 @@ TEST(GpuHopperBackward, TileOrdersAgainstReference) {
     }
   }
   EnvOverride group("JAGFLASH_BWD_L2_GROUP_MB", "1"), splits("JAGFLASH_BWD_GROUP_SPLITS", "2");
-  run_hopper_and_check(b, 0);
+  run_hopper_and_check(cases, b, 0);
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuHopperBackward, MatchesOracleOnTheFiveDistributions) {
+  testing::HopperCases cases;
   for (const std::string& name : gen::distribution_names())
     for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
       for (int d : {64, 128}) {
@@ -356,6 +371,7 @@ TEST(GpuHopperBackward, MatchesOracleOnTheFiveDistributions) {
         s.mask = mask;
         s.seed = 91;
         SCOPED_TRACE(name + " " + label(s));
+        if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
         GpuBatch fast = testing::make_gpu_batch(s);
         GpuBatch slow = testing::make_gpu_batch(s);  // same seed, same inputs
         ASSERT_EQ(forward(fast), JF_OK) << jagflash_last_error();
@@ -369,12 +385,14 @@ TEST(GpuHopperBackward, MatchesOracleOnTheFiveDistributions) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         expect_gradients_close(fast, slow, testing::backward_tolerance(s.dtype));
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Lengths 0, 1, 2, around the 64/128 tiles, primes (2, 5, 17, 97, 127, 131, 257), q != kv both ways
 // (lq > lk under bottom-right alignment leaves rows with no key), every mask kind, MHA/GQA/MQA,
 // fp16 and bf16, with and without row padding.
 TEST(GpuHopperBackward, AwkwardLengthsWindowsGqaMqaFp16AndStrides) {
+  testing::HopperCases cases;
   const std::vector<int32_t> len_q = {0, 1, 2, 63, 64, 65, 127, 129, 131, 5, 0, 257, 1, 200, 97};
   const std::vector<int32_t> len_kv = {3, 1, 0, 64, 65, 63, 129, 127, 17, 200, 0, 256, 130, 10, 97};
   struct Mask {
@@ -405,16 +423,18 @@ TEST(GpuHopperBackward, AwkwardLengthsWindowsGqaMqaFp16AndStrides) {
         s.window_right = masks[j].r;
         s.row_pad = (j + block / 2) % 2 ? 8 : 0;
         s.seed = ++seed;
-        run_hopper_and_check(s, knob_deterministic());
+        run_hopper_and_check(cases, s, knob_deterministic());
       }
       ++block;
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // The gradient buffers are longer than their views: the rows after the last sequence belong to
 // the caller and must keep their poison, and so must the padding between rows. Everything in the
 // views is written (keys that no query sees included: zeros).
 TEST(GpuHopperBackward, NeverWritesPastTheLastSequence) {
+  testing::HopperCases cases;
   struct Case {
     int d;
     jf_dtype dtype;
@@ -430,6 +450,7 @@ TEST(GpuHopperBackward, NeverWritesPastTheLastSequence) {
     s.row_pad = 8;
     s.mask = JF_MASK_CAUSAL;
     SCOPED_TRACE(label(s));
+    if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
     GpuBatch g = testing::make_gpu_batch(s);
     ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
     const int64_t extra_rows = 200;
@@ -463,6 +484,7 @@ TEST(GpuHopperBackward, NeverWritesPastTheLastSequence) {
       }
     }
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Mid-size batches where many KV blocks (so many CTAs) add into each dq row.
@@ -486,8 +508,11 @@ std::vector<BatchSpec> repeat_specs() {
 }
 
 // 100 backwards, the gradients poisoned before each: the first against the oracle, every later
-// one bitwise equal to the first (dk and dv; dq too when `compare_dq`).
-void expect_bitwise_repeatable(const BatchSpec& s, int deterministic, bool compare_dq) {
+// one bitwise equal to the first (dk and dv; dq too when `compare_dq`). Not run (noted in `cases`)
+// where this build does not serve `s`.
+void expect_bitwise_repeatable(testing::HopperCases& cases, const BatchSpec& s, int deterministic,
+                               bool compare_dq) {
+  if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) return;
   SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
   GpuBatch g = testing::make_gpu_batch(s);
   GpuBatch slow = testing::make_gpu_batch(s);
@@ -518,17 +543,22 @@ void expect_bitwise_repeatable(const BatchSpec& s, int deterministic, bool compa
 }
 
 TEST(GpuHopperBackward, DkDvBitwiseIdenticalOverHundredRuns) {
-  for (const BatchSpec& s : repeat_specs()) expect_bitwise_repeatable(s, knob_deterministic(), false);
+  testing::HopperCases cases;
+  for (const BatchSpec& s : repeat_specs()) expect_bitwise_repeatable(cases, s, knob_deterministic(), false);
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuHopperBackward, DeterministicDqBitwiseIdenticalOverHundredRuns) {
-  for (const BatchSpec& s : repeat_specs()) expect_bitwise_repeatable(s, /*deterministic=*/1, true);
+  testing::HopperCases cases;
+  for (const BatchSpec& s : repeat_specs()) expect_bitwise_repeatable(cases, s, /*deterministic=*/1, true);
+  JF_REPORT_UNSERVED(cases);
 }
 
 // 2000 sequences, most of length 0, some of length 1 or 2, q != kv (lq > 0 with lk = 0: rows
 // with no key; lq = 0 with lk > 0: keys no query sees), and 3000 empty sequences around one of
 // 129: they must finish (a peer hangs on such batches) and be right, in both modes.
 TEST(GpuHopperBackward, ManyZeroLengthSequencesFinishAndAreCorrect) {
+  testing::HopperCases cases;
   std::vector<int32_t> sparse_q(2000, 0), sparse_kv(2000, 0);
   for (int b = 0; b < 2000; ++b) {
     if (b % 10 == 3) {
@@ -560,13 +590,15 @@ TEST(GpuHopperBackward, ManyZeroLengthSequencesFinishAndAreCorrect) {
         s.head_dim = d;
         s.mask = det ? JF_MASK_CAUSAL : JF_MASK_NONE;
         s.seed = ++seed;
-        run_hopper_and_check(s, det);
+        run_hopper_and_check(cases, s, det);
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Batches of 0 rows: no sequence at all, only empty sequences, no queries (keys get dk = dv = 0),
 // no keys (rows get dq = 0). Each call succeeds and finishes.
 TEST(GpuHopperBackward, EmptyBatches) {
+  testing::HopperCases served;
   struct Case {
     const char* what;
     std::vector<int32_t> q, kv;
@@ -585,6 +617,7 @@ TEST(GpuHopperBackward, EmptyBatches) {
       s.heads_kv = 2;
       s.head_dim = 128;
       s.mask = JF_MASK_CAUSAL;
+      if (!served.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
       GpuBatch g = testing::make_gpu_batch(s);
       ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
       const jf_bwd_args ba = bwd_args(g, JF_BACKEND_HOPPER, det);
@@ -609,11 +642,13 @@ TEST(GpuHopperBackward, EmptyBatches) {
             }
       }
     }
+  JF_REPORT_UNSERVED(served);
 }
 
 // Rows that see no key (lk = 0, or lq > lk under bottom-right alignment) get dq = 0 exactly; keys
 // that no query sees get dk = dv = 0 exactly; everything else matches the reference.
 TEST(GpuHopperBackward, RowsThatSeeNoKeyGetZeroGradients) {
+  testing::HopperCases cases;
   BatchSpec causal;
   causal.len_q = {200, 64, 0, 130};
   causal.len_kv = {10, 0, 64, 129};
@@ -637,6 +672,7 @@ TEST(GpuHopperBackward, RowsThatSeeNoKeyGetZeroGradients) {
   for (const BatchSpec& s : {causal, window})
     for (int det : {0, 1}) {
       SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(det));
+      if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
       GpuBatch g = testing::make_gpu_batch(s);
       ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
       const jf_bwd_args ba = bwd_args(g, JF_BACKEND_HOPPER, det);
@@ -682,6 +718,7 @@ TEST(GpuHopperBackward, RowsThatSeeNoKeyGetZeroGradients) {
       ASSERT_GT(unseen_keys, 0) << "the test batch has no key that no query sees";
       expect_matches_reference(g);
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // JF_BACKEND_HOPPER serves bf16/fp16 at head dims 64, 128 and 256 (at 256 without a score
@@ -730,6 +767,7 @@ TEST(GpuHopperBackward, RefusesWhatItCannotServe) {
 // (the oracle's would differ), dq too in deterministic mode. (Sequences too long for the CPU
 // reference: the Hopper results' correctness is the other tests' business.)
 TEST(GpuHopperBackward, AutoMatchesHopperBitwise) {
+  testing::HopperCases cases;
   BatchSpec a;
   a.len_q = {1000, 3, 517, 0, 64, 129, 2048};
   a.heads = 4;
@@ -749,6 +787,7 @@ TEST(GpuHopperBackward, AutoMatchesHopperBitwise) {
   for (const BatchSpec& s : {a, b})
     for (int det : {0, 1}) {
       SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(det));
+      if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
       GpuBatch g = testing::make_gpu_batch(s);
       ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
       const jf_bwd_args hopper = bwd_args(g, JF_BACKEND_HOPPER, det);
@@ -771,6 +810,7 @@ TEST(GpuHopperBackward, AutoMatchesHopperBitwise) {
         EXPECT_FALSE(view_has_nan(auto_dq, g.dq_view, s.dtype)) << "dq left unwritten by AUTO";
       }
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 }  // namespace
@@ -790,6 +830,7 @@ TEST(GpuHopperBackward, ReusedPlanAcrossModesAndMisuse) {
   s.head_dim = 128;
   s.mask = JF_MASK_CAUSAL;
   s.seed = 91;
+  JF_SKIP_UNLESS_HOPPER_SERVES(testing::HopperCall::of(s), /*with_backward=*/true);
   GpuBatch g = testing::make_gpu_batch(s);
   ASSERT_EQ(forward(g), JF_OK) << jagflash_last_error();
   jf_bwd_args built = bwd_args(g, JF_BACKEND_HOPPER, 1);

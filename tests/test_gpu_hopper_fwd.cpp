@@ -2,6 +2,7 @@
 // against the oracle on full benchmark batches, rows past the last sequence never written,
 // bitwise-identical repeats, plan reuse, and the calls it must refuse.
 #include "gen/distributions.hpp"
+#include "hopper_served.hpp"
 #include "kernels/fwd/variants.hpp"
 #include "testing/gpu_batch.hpp"
 
@@ -40,6 +41,7 @@ double lse_max_abs_diff(const GpuBatch& a, const GpuBatch& b) {
 }
 
 TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
+  testing::HopperCases cases;
   for (const std::string& name : gen::distribution_names())
     for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL})
       for (int d : {64, 128, 256}) {
@@ -51,6 +53,7 @@ TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
         s.head_dim = d;
         s.mask = mask;
         s.seed = 77;
+        if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/false)) continue;
         GpuBatch fast = testing::make_gpu_batch(s);
         GpuBatch slow = testing::make_gpu_batch(s);  // same seed, same inputs
         const jf_fwd_args fa = fast.forward_args(JF_BACKEND_HOPPER),
@@ -62,6 +65,7 @@ TEST(GpuHopperForward, MatchesOracleOnTheFiveDistributions) {
         EXPECT_LE(rel, testing::forward_tolerance(s.dtype));
         EXPECT_LE(lse_max_abs_diff(fast, slow), 1e-3);
       }
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
@@ -72,6 +76,7 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
     int l, r;
   };
   uint64_t seed = 500;
+  testing::HopperCases cases;
   for (int d : {128, 256})
     for (jf_dtype dtype : {JF_BF16, JF_FP16})
       for (Mask m : {Mask{JF_MASK_NONE, -1, -1}, Mask{JF_MASK_CAUSAL, -1, -1}, Mask{JF_MASK_WINDOW, 100, 0},
@@ -90,6 +95,7 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
           s.seed = ++seed;
           s.row_pad = 8;
           SCOPED_TRACE("seed " + std::to_string(s.seed) + " D=" + std::to_string(d));
+          if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/false)) continue;
           GpuBatch g = testing::make_gpu_batch(s);
           const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
           ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
@@ -103,6 +109,7 @@ TEST(GpuHopperForward, WindowsGqaFp16AndQNotEqualKv) {
           EXPECT_LE(c.out_rel, testing::forward_tolerance(dtype));
           EXPECT_LE(c.lse_max_abs, 1e-3);
         }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // The softmax's running max kept while a block's maximum passes it by at most keep_max (log2
@@ -117,6 +124,7 @@ TEST(GpuHopperForward, RunningMaxKeptOrMovedMatchesReference) {
   const std::vector<int32_t> len_q = {900, 1, 0, 300, 1300, 65};
   const std::vector<int32_t> len_kv = {900, 700, 5, 1, 1300, 1100};
   uint64_t seed = 900;
+  testing::HopperCases cases;
   for (const char* keep : {"-1", "0", "8"})
     for (int d : {64, 128})
       for (jf_dtype dtype : {JF_BF16, JF_FP16})
@@ -137,6 +145,7 @@ TEST(GpuHopperForward, RunningMaxKeptOrMovedMatchesReference) {
                          std::to_string(range) + " seed " + std::to_string(s.seed) +
                          (mask == JF_MASK_CAUSAL ? " causal" : " none") +
                          (dtype == JF_FP16 ? " fp16" : " bf16"));
+            if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/false)) continue;
             GpuBatch g = testing::make_gpu_batch(s);
             const jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
             ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
@@ -155,11 +164,13 @@ TEST(GpuHopperForward, RunningMaxKeptOrMovedMatchesReference) {
   } else {
     setenv("JAGFLASH_FWD_KEEP_MAX", saved.c_str(), 1);
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // The output buffer is longer than the view: the rows after the last sequence belong to the
 // caller and must keep their poison, and so must the padding between rows.
 TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
+  testing::HopperCases cases;
   for (int d : {64, 256}) {
     SCOPED_TRACE("D=" + std::to_string(d));
     BatchSpec s;
@@ -169,6 +180,7 @@ TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
     s.head_dim = d;
     s.row_pad = 8;
     s.mask = JF_MASK_CAUSAL;
+    if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/false)) continue;
     GpuBatch g = testing::make_gpu_batch(s);
     const int64_t extra_rows = 200;
     const int64_t row_stride = g.out_view.row_stride;
@@ -188,9 +200,11 @@ TEST(GpuHopperForward, NeverWritesPastTheLastSequence) {
       ASSERT_NE(must_be_written, is_nan) << "row " << row << " col " << col;
     }
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
+  testing::HopperCases cases;
   for (int d : {128, 256}) {
     SCOPED_TRACE("D=" + std::to_string(d));
     BatchSpec s;
@@ -199,6 +213,7 @@ TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
     s.heads_kv = 8;
     s.head_dim = d;
     s.mask = JF_MASK_CAUSAL;
+    if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/false)) continue;
     GpuBatch g = testing::make_gpu_batch(s);
     jf_fwd_args fa = g.forward_args(JF_BACKEND_HOPPER);
     std::vector<unsigned char> first(g.out.bytes()), now(g.out.bytes());
@@ -214,6 +229,7 @@ TEST(GpuHopperForward, HundredRunsAreBitwiseIdenticalAndPlanReuseAgrees) {
       }
     }
   }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // jf_launch.reuse_plan misused: the workspace holds no plan, or one built for another kernel
@@ -226,6 +242,7 @@ TEST(GpuHopperForward, MisusedPlanReuseWritesNothingAndIsReported) {
   s.heads = 2;
   s.heads_kv = 2;
   s.head_dim = 128;
+  JF_SKIP_UNLESS_HOPPER_SERVES(testing::HopperCall::of(s), /*with_backward=*/false);
   GpuBatch g = testing::make_gpu_batch(s);
   BatchSpec other_spec = s;
   other_spec.len_q = {200, 37, 131};

@@ -5,6 +5,7 @@
 // kv_offsets batch writes nothing. JF_BACKEND_HOPPER either serves pooled calls (then it is held
 // to the same checks) or refuses them with JF_ERR_UNSUPPORTED saying the oracle runs them.
 // GpuPooled.SmallCaseForSanitizers is the case to run under compute-sanitizer memcheck/racecheck.
+#include "hopper_served.hpp"
 #include "testing/device_buffer.hpp"
 #include "testing/gpu_batch.hpp"
 #include "testing/host_batch.hpp"
@@ -428,8 +429,11 @@ TEST(GpuPooled, HopperBackendServesOrRefusesPooledProblems) {
   PooledSpec probe;
   probe.len_kv = std::vector<int32_t>{5, 8};
   probe.seed = 1980;
+  // Without the probe's unpooled kernels too the refusal below would be another one's.
+  JF_SKIP_UNLESS_HOPPER_SERVES(testing::HopperCall({probe.dtype, probe.head_dim}), /*with_backward=*/true);
   PooledRun run(probe);
   if (serves(run, JF_BACKEND_HOPPER)) {
+    testing::HopperCases cases;
     uint64_t seed = 1990;
     for (jf_dtype dtype : {JF_BF16, JF_FP16})
       for (int d : {64, 80, 96, 128})  // 80 padded on the 96 kernel
@@ -442,8 +446,10 @@ TEST(GpuPooled, HopperBackendServesOrRefusesPooledProblems) {
           s.head_dim = d;
           s.dtype = dtype;
           s.seed = ++seed;
+          if (!cases.serve({dtype, d}, /*with_backward=*/true)) continue;
           run_and_check(s, JF_BACKEND_HOPPER);
         }
+    JF_REPORT_UNSERVED(cases);
     return;
   }
   const jf_fwd_args fa = run.gpu_forward_args(JF_BACKEND_HOPPER);
@@ -486,6 +492,7 @@ TEST(GpuPooled, HopperSumsConsecutiveTilesOfAHeadInACta) {
     int lq, head_dim;
   };
   uint64_t seed = 2001;
+  testing::HopperCases cases;
   for (const char* knob : {"1", "0"}) {
     ASSERT_EQ(setenv("JAGFLASH_BWD_POOLED_SUM", knob, 1), 0);
     for (const Case c : {Case{16, 128}, Case{64, 128}, Case{1, 64}, Case{64, 64}}) {
@@ -496,10 +503,12 @@ TEST(GpuPooled, HopperSumsConsecutiveTilesOfAHeadInACta) {
       s.head_dim = c.head_dim;
       s.seed = ++seed;
       SCOPED_TRACE(std::string("JAGFLASH_BWD_POOLED_SUM=") + knob);
+      if (!cases.serve({s.dtype, s.head_dim}, /*with_backward=*/true)) continue;
       run_and_check(s, JF_BACKEND_HOPPER);
     }
   }
   unsetenv("JAGFLASH_BWD_POOLED_SUM");
+  JF_REPORT_UNSERVED(cases);
 }
 
 // AUTO (whichever backend it picks) on one mixed case.

@@ -6,6 +6,7 @@
 // in the deterministic mode; bad modifier arguments refused with nothing written.
 #include "core/dtype.hpp"
 #include "gpu_call_checks.hpp"
+#include "hopper_served.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -40,8 +41,11 @@ std::vector<float> alibi_slopes(int heads, float gain = 1.f) {
   return s;
 }
 
-// Forward (and, with_backward, backward) with AUTO, checked against the CPU reference.
-void run_and_check(const BatchSpec& s, bool with_backward, int deterministic = 0) {
+// Forward (and, with_backward, backward) with AUTO, checked against the CPU reference; a case this
+// build does not serve is noted in `cases` and not run.
+void run_and_check(testing::HopperCases& cases, const BatchSpec& s, bool with_backward,
+                   int deterministic = 0) {
+  if (!cases.serve(testing::HopperCall::of(s), with_backward)) return;
   SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
   GpuBatch g = testing::make_gpu_batch(s);
   testing::run_on_hopper(g, with_backward, deterministic);
@@ -56,6 +60,7 @@ BatchSpec awkward(int head_dim, jf_dtype dtype, jf_mask mask, uint64_t seed) {
 }
 
 TEST(GpuScoreMod, SoftcapAgainstReference) {
+  testing::HopperCases cases;
   uint64_t seed = 10;
   for (int d : {64, 128})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
@@ -65,11 +70,13 @@ TEST(GpuScoreMod, SoftcapAgainstReference) {
           s.score_mod = JF_SCORE_MOD_SOFTCAP;
           s.softcap = cap;
           s.input_range = cap < 10.f ? 2.5f : 5.f;
-          run_and_check(s, /*with_backward=*/true);
+          run_and_check(cases, s, /*with_backward=*/true);
         }
+  JF_REPORT_UNSERVED(cases);
 }
 
 TEST(GpuScoreMod, AlibiAgainstReference) {
+  testing::HopperCases cases;
   uint64_t seed = 40;
   for (int d : {64, 128})
     for (jf_dtype dt : {JF_BF16, JF_FP16})
@@ -78,13 +85,15 @@ TEST(GpuScoreMod, AlibiAgainstReference) {
           BatchSpec s = awkward(d, dt, mask, ++seed);
           s.score_mod = JF_SCORE_MOD_ALIBI;
           s.alibi_slopes = alibi_slopes(s.heads, gain);
-          run_and_check(s, /*with_backward=*/true);
+          run_and_check(cases, s, /*with_backward=*/true);
         }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Small enough for compute-sanitizer (scripts/gpu-check.sh SANITIZE=1): each modifier, both head
 // dims, forward and backward, causal, the awkward lengths.
 TEST(GpuScoreMod, SmallCaseForSanitizers) {
+  testing::HopperCases cases;
   for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI})
     for (int d : {64, 128}) {
       BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 60 + d + mod);
@@ -94,12 +103,14 @@ TEST(GpuScoreMod, SmallCaseForSanitizers) {
       s.softcap = mod == JF_SCORE_MOD_SOFTCAP ? 5.f : 0.f;
       s.input_range = 2.f;
       if (mod == JF_SCORE_MOD_ALIBI) s.alibi_slopes = alibi_slopes(s.heads, 2.f);
-      run_and_check(s, /*with_backward=*/true);
+      run_and_check(cases, s, /*with_backward=*/true);
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // D = 256: the forward on the Hopper kernel (the backward is the oracle's: test_gpu_oracle.cpp).
 TEST(GpuScoreMod, HeadDim256ForwardAgainstReference) {
+  testing::HopperCases cases;
   for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI})
     for (jf_mask mask : {JF_MASK_NONE, JF_MASK_CAUSAL}) {
       BatchSpec s = awkward(256, JF_BF16, mask, 70 + mod * 2 + mask);
@@ -107,13 +118,15 @@ TEST(GpuScoreMod, HeadDim256ForwardAgainstReference) {
       s.softcap = mod == JF_SCORE_MOD_SOFTCAP ? 5.f : 0.f;
       s.input_range = 2.f;
       if (mod == JF_SCORE_MOD_ALIBI) s.alibi_slopes = alibi_slopes(s.heads, 4.f);
-      run_and_check(s, /*with_backward=*/false);
+      run_and_check(cases, s, /*with_backward=*/false);
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // A longer batch (several KV blocks, the forward's mask-free bulk, the backward's full blocks and
 // several Q blocks a tile) in both backward modes.
 TEST(GpuScoreMod, LongerSequencesBothModes) {
+  testing::HopperCases cases;
   for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI})
     for (int det : {0, 1}) {
       BatchSpec s;
@@ -132,8 +145,9 @@ TEST(GpuScoreMod, LongerSequencesBothModes) {
         s.softcap = 0.f;
         s.alibi_slopes = alibi_slopes(s.heads, 0.25f);  // slopes small enough to see far keys
       }
-      run_and_check(s, /*with_backward=*/true, det);
+      run_and_check(cases, s, /*with_backward=*/true, det);
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // The modifier is applied: out moves away from the unmodified call's by far more than rounding.
@@ -157,6 +171,7 @@ TEST(GpuScoreMod, ChangesTheResult) {
 
 // Deterministic mode: dq, dk, dv bitwise identical over repeats.
 TEST(GpuScoreMod, DeterministicRepeatsAreBitwiseIdentical) {
+  testing::HopperCases cases;
   for (jf_score_mod mod : {JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI})
     for (int d : {64, 128}) {
       BatchSpec s = awkward(d, JF_BF16, JF_MASK_CAUSAL, 120 + d + mod);
@@ -167,10 +182,12 @@ TEST(GpuScoreMod, DeterministicRepeatsAreBitwiseIdentical) {
       s.input_range = 2.f;
       if (mod == JF_SCORE_MOD_ALIBI) s.alibi_slopes = alibi_slopes(s.heads);
       SCOPED_TRACE(label(s));
+      if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
       GpuBatch g = testing::make_gpu_batch(s);
       testing::expect_deterministic_backward_repeats(g, 20);
       if (HasFatalFailure()) return;
     }
+  JF_REPORT_UNSERVED(cases);
 }
 
 // Bad modifier arguments on a CUDA call: refused naming the field, out and lse untouched.
