@@ -66,9 +66,9 @@ constexpr int backward_block_n(int kernel_head_dim) {
 //    Q block, its last by few) and a tile would hold more than kMaskedHeadsPerTile query heads:
 //    the plan orders sequences, not tiles, by cost, so a sequence's heaviest tile can come last
 //    and hold the GPU's tail; split until a tile holds that many heads.
-// Measured (bench/gqa_bwd.py, H200, 2026-12-01; bench/NOTES.md): MQA 16/1 on 2 x 4096 0.47x ->
-// 0.82x FA3 (none), 0.24x -> 0.94x (causal); causal 64 x 1024 +19% at 4 heads a tile; GQA 16/4
-// best unsplit. max_tiles: the plan's bound on tiles (pairs x KV heads), known from the shapes
+// Both rules and their constants are bench/gqa_bwd.py's fastest (bench/NOTES.md, "The
+// measurements behind the code's defaults", backward group splits). max_tiles: the plan's
+// bound on tiles (pairs x KV heads), known from the shapes
 // alone, so the workspace size needs no look at the offsets. forced > 0 (the benchmark knob
 // JAGFLASH_BWD_GROUP_SPLITS) takes that value where it divides the group.
 constexpr int64_t kGroupSplitWaves = 2;

@@ -59,8 +59,8 @@ JF_HD uint64_t sequence_weight(int64_t lq, int64_t lk, TileShape shape) {
 // every head go first (head by head lost 6% on onegiant causal, where the last head's costliest
 // tiles started late). Between the two, a group is as many KV heads as an L2 budget holds of the
 // sequence's K and V: heads innermost where they fit, and at L = 16k causal the 16 heads' 128 MB
-// of K and V no longer stream from DRAM once per q block (ncu, 2026-12-05: 11.1 GB read against
-// FA3's 1.6 GB, L2 hit rate 74% against 95%).
+// of K and V no longer stream from DRAM once per q block (bench/NOTES.md: with all heads one group
+// ncu reads several times FA3's bytes from DRAM there).
 struct HeadOrder {
   // L2 budget of a group in rows of K and V (one KV head's row of both): > 0 sizes the groups by
   // the sequence's kv length, 0 puts all heads in one group, < 0 one head a group.

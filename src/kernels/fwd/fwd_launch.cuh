@@ -17,10 +17,10 @@ using common::gmem_tensor;
 using common::sm_count;
 
 // The L2 budget of a group of heads in the plan's order under a mask (schedule::HeadOrder). 32 MB
-// of the H100/H200's 50 MB of L2 (FA3 sizes its head groups by the same figure) is the candidate:
-// a group's K and V would stay there while Q, O and the next group's first blocks stream through.
-// Off by default (0: every head of a sequence in one group, the order before 2026-12-05) until it
-// is measured on the GPU (bench/NOTES.md, session 40: the device could not be started).
+// of Hopper's 50 MB of L2 (FA3 sizes its head groups by the same figure) is the candidate: a
+// group's K and V would stay there while Q, O and the next group's first blocks stream through.
+// Off by default (0: every head of a sequence in one group): it has not beaten that order
+// (bench/NOTES.md, "The measurements behind the code's defaults").
 // Benchmark knob, read at every launch so that one process can time orders side by side:
 // JAGFLASH_FWD_L2_GROUP_KB. Without a mask the order stays head by head.
 constexpr int64_t kDefaultFwdL2GroupBytes = 0;
@@ -35,12 +35,11 @@ inline int64_t fwd_l2_group_bytes_knob() {
 
 // OnlineSoftmax's keep_max: with a value >= 0 a row keeps its running max while a block's maximum
 // passes it by at most that many log2 units, so once a row's max has settled O's rescale is
-// skipped (a warp's rows all kept theirs). 8 by default on the D = 128 and D = 256 kernels since
-// 2026-12-06, off on the others (bench/NOTES.md, session 42, H100, A/B in one process: D = 128
-// +1 to +4% on the uniform sweep and our own batches, fp16 causal +1-3%; D = 256 +8 to +16% on
-// four distributions, short level; D = 64 -2 to -6%, probably its issue-bound loop paying more for the
-// compare and the vote than the 32 FMUL it saves; D = 96 and 192 not timed). The GPU tests and
-// the Python suite pass with 8 at every head dim. Benchmark knob, read at every launch:
+// skipped (a warp's rows all kept theirs). 8 by default on the D = 128 and D = 256 kernels, where
+// it is faster; off on the others: D = 64 is slower with it, probably its issue-bound loop paying
+// more for the compare and the vote than the 32 FMUL it saves, and D = 96 and 192 are untimed
+// (bench/NOTES.md, "The measurements behind the code's defaults"). The GPU tests and the Python
+// suite pass with 8 at every head dim. Benchmark knob, read at every launch:
 // JAGFLASH_FWD_KEEP_MAX (negative: the max always moves and O is always rescaled, the softmax
 // before), at most 16 (the probabilities reach 2^keep_max, far inside fp16's range).
 constexpr float default_keep_max(int kernel_head_dim) {
@@ -197,9 +196,9 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
     } else {
       if (v.warpgroups == 3)
         return run_forward_variant<TileConfig<Element, 64, Warpgroups<3>>>(a, launch, v.schedule, stream);
-      // Q in registers only where it measured a gain: D = 64 with two warpgroups, +1-4% under
-      // causal; at D = 128 it measured -1 to -5%, and the three-warpgroup D = 64 tile has no
-      // registers for it (ptxas serialises its wgmmas and spills).
+      // Q in registers only where it is faster (bench/NOTES.md): D = 64 with two warpgroups; at
+      // D = 128 it is slower, and the three-warpgroup D = 64 tile has no registers for it (ptxas
+      // serialises its wgmmas and spills).
       if constexpr (kBenchKnobs) {
         if (v.ping_pong)
           return run_forward_variant<TileConfig<Element, 64, PingPong, QInRegisters>>(a, launch, v.schedule,

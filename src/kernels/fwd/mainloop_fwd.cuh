@@ -193,7 +193,7 @@ struct Consumer {
     // one for its 128 threads): sliced at the warpgroup's first thread, read through a shuffle the
     // compiler knows to be warp-uniform, each k-block's descriptor is built in uniform registers.
     // Sliced at `thread`, the S GEMM's were built in per-thread registers and moved over (R2UR,
-    // IMAD a k-block; ncu, H100, L = 16k causal: 150 M R2UR and 100 M IMAD more than FA3's forward).
+    // IMAD a k-block: bench/NOTES.md, "The measurements behind the code's defaults").
     // Not with a generic modifier (the relative bias): there the uniform registers it takes left
     // its per-score table reads short and the consumers spilled (2 LDL/STL, check_sass).
     const int slice_thread =

@@ -27,11 +27,10 @@ namespace jagflash::kernels::fwd {
 // kQInRegisters: each consumer warpgroup copies its 64 rows of Q from shared memory into
 //   registers once per tile (ldmatrix) and S = Q K^T takes A from there, so the S GEMMs read only
 //   K from shared memory, and the Q buffer is released to the producer at the tile's start.
-//   Costs 32 registers a thread at D = 128 (16 at D = 64). Measured (bench/NOTES.md, 2026-11-30,
-//   b9900bd): +4% at D = 64 with two warpgroups under causal, -1 to -5% at D = 128 and on short
-//   sequences (against the prediction: their S GEMMs were not short of shared-memory
-//   bandwidth), and no room in the three-warpgroup D = 64 tile (ptxas serialises the wgmmas and
-//   spills).
+//   Costs 32 registers a thread at D = 128 (16 at D = 64). Faster at D = 64 with two warpgroups
+//   under causal, slower at D = 128 and on short sequences (their S GEMMs are not short of
+//   shared-memory bandwidth), and no room in the three-warpgroup D = 64 tile (ptxas serialises
+//   the wgmmas and spills); the figures: bench/NOTES.md.
 //
 // The choices are named option tags after the dtype and head dim, in any order, each left out
 // keeping its default (no positional list of flags):

@@ -3,8 +3,7 @@
 // warpgroup of CTA 0 stamps six points of every KV block of its first tile; the launcher prints
 // them after each launch (a tile is complete once the warpgroup starts its second). bench/trace_fwd.py turns
 // the printout into per-phase medians (barrier wait, S latency, softmax, P V wait, rescale + conversion,
-// period). This is how the lost intra-warpgroup overlap was found and fixed on 2026-11-29
-// (8216650, bench/NOTES.md).
+// period): the phases that show whether the intra-warpgroup overlap is on (bench/NOTES.md).
 #pragma once
 
 #include <cstdint>

@@ -29,8 +29,7 @@ struct ForwardVariant {
 
 // Benchmark knobs, read from the environment at every launch in a build with them
 // (core/bench_knobs.hpp; none elsewhere: every field keeps its default), so that one process can
-// time them side by side (bench/sweep.py --variant; until 2026-12-06 they were read once, and a
-// variant timed after the default in the same process ran the default); each forces one choice
+// time them side by side (bench/sweep.py --variant); each forces one choice
 // and every combination is tested (scripts/gpu-check.sh). bench/NOTES.md has the measurements
 // behind the defaults. A reused plan built under other knobs is refused on the device (its key).
 //   JAGFLASH_FWD_SCHEDULE   = dynamic | zigzag | grid
@@ -67,33 +66,27 @@ struct ForwardKnobs {
 // The default choice, then the knobs. Depends only on the call's shapes, mask and
 // max_seqlen_hint (never on offsets values, which live on the device), so calls that reuse a
 // plan with the same ones get the same variant (jf_launch.reuse_plan's contract).
-// Defaults, from same-run A/B measurements on the H200 (bench/NOTES.md, 2026-11-29,
-// 744ef74 to 4aef8a6):
-//  - D = 64 without a mask: three consumer warpgroups (192-row tiles). With Q double-buffered
-//    they won on all five distributions (+4% short to +17% gemskew); with a causal or window
-//    mask they lost on short sequences (-16%) and uniform1k (-9%), so masks keep two, except
+// Defaults, each the faster side of an A/B measurement (the figures: bench/NOTES.md, "The
+// measurements behind the code's defaults"):
+//  - D = 64 without a mask: three consumer warpgroups (192-row tiles), faster on every
+//    distribution; with a causal or window mask they lose on short sequences, so masks keep two,
+//    except
 //  - D = 64 causal where the mean sequence (rows / batch size, of q and of kv) is at least
-//    kCausalThreeWarpgroupsMeanLength: three warpgroups there too (bench/NOTES.md, session 46,
-//    H200, each variant in its own process beside FA3 varlen, two runs: uniform L = 2k +3 / +6%,
-//    4k +5%, 8k +10 / +12%, 16k +12%; L = 1k -8%, so the threshold sits above it). The mean is
-//    a shape (total rows and batch size), so the choice stays independent of the offsets.
-//  - everything else: two warpgroups, 128-key blocks, no ping-pong. (64-key blocks won only on
-//    short, +10%, before Q was double-buffered, and lost 4-19% elsewhere; after it they tied
-//    on short: 198.6 vs 198.4 TFLOP/s.)
+//    kCausalThreeWarpgroupsMeanLength, where three win again (and lose below it). The mean is a
+//    shape (total rows and batch size), so the choice stays independent of the offsets.
+//  - everything else: two warpgroups, 128-key blocks, no ping-pong (64-key blocks tie at best).
 //  - D = 256: two warpgroups, 32-key blocks, whatever the hint and the knobs (but the schedule).
 //  - a score modifier (softcap, ALiBi) or a block-sparse map: two warpgroups and 128-key blocks (32
 //    at D = 256), likewise (a map's 128 x 128 blocks then hold whole tiles).
 //  - a max_seqlen hint of at most kPairsMaxSeqlen (every sequence that short): two independent
-//    single-warpgroup pairs with 64-row tiles (3f78956, on short, lengths 16..256: +7% / +15%
-//    at D = 128 none / causal, +10% / +13% at D = 64); they lose 2-37% on longer sequences, and
-//    without the hint the host cannot tell a batch of short sequences from one with a long tail.
-//    At every kernel head dim up to 128 (64, 96, 128), its own or padded below it (a narrower v
-//    too): the padded and D = 96 kernels have this tile beside their default one.
+//    single-warpgroup pairs with 64-row tiles, faster on short sequences and slower on longer
+//    ones; without the hint the host cannot tell a batch of short sequences from one with a long
+//    tail. At every kernel head dim up to 128 (64, 96, 128), its own or padded below it (a
+//    narrower v too): the padded and D = 96 kernels have this tile beside their default one.
 //  - pooled attention with a query set of at most 64 rows (every tile's rows are that set): the
 //    two pairs too, so that two sequences share a CTA's 128 rows, each warpgroup's 64 rows with
 //    their own K/V range (the M of one wgmma is a warpgroup's 64 rows: the smallest row group that
-//    can have its own keys). bench/pooled.py, H200, 1217d2a: forward 331 -> 281 us (Lq 16),
-//    329 -> 281 (32), 349 -> 292 (64), same process as FA3 with q repeated.
+//    can have its own keys).
 inline constexpr int32_t kPairsMaxSeqlen = 256;
 inline constexpr int32_t kPooledPairsMaxRows = 64;
 inline constexpr int64_t kCausalThreeWarpgroupsMeanLength = 2048;
