@@ -55,7 +55,7 @@ jf_backend query(const GpuBatch& g, jf_backend requested, jf_direction direction
 
 // What the README's table promises for AUTO on this GPU and build: the Hopper kernels on a compute
 // capability 9.0 GPU where this build instantiates them (a full build: bf16 and fp16 at 64, 128
-// and 256, both directions; test_hopper_table.cpp holds the full table to that), else the oracle.
+// and 256, both directions: cmake/hopper_kernels.cmake), else the oracle.
 jf_backend expected_auto(jf_dtype dtype, int head_dim, jf_direction direction) {
   const bool hopper_gpu = compute_capability() == 90 && !JAGFLASH_TEST_PTX_ONLY;
   return hopper_gpu && testing::registry_serves(direction, {dtype, head_dim}) ? JF_BACKEND_HOPPER
