@@ -6,14 +6,14 @@ distributions of shared/bench/distributions.md, causal and not, D = 128 and 64; 
 backward, and a training step (forward + backward of jagged_attention, gemskew, D = 128)
 against FA3 and FA2; one process, the same inputs for all.
 
-Writes compare.json (every number), compare.md (a section for bench/RESULTS.md: the tables and
+Writes compare.json (every number), compare.md (a section for the dated log, bench/log/RESULTS-history.md: the tables and
 the bars of issues 4, 13 and 14) and a PNG chart into --out (default $OUT, else bench/out), and
 prints the backward's short table (TFLOP/s, jagflash / FA2 and / FA3, the bars) last.
 
     python bench/compare.py                              # on the GPU machine: everything
     python bench/compare.py --bwd-only                   # the backward bars only (jagflash, FA2, FA3)
     python bench/compare.py --bwd-only --dists short gemskew --head-dims 128 --masks causal
-    python bench/compare.py --from DIR --update-results  # here: append DIR's section to RESULTS.md
+    python bench/compare.py --from DIR --update-results  # here: append DIR's section to log/RESULTS-history.md
     python bench/compare.py --device cpu --scale 32 --max-batch 8   # a smoke run without a GPU
     python bench/compare.py --parts fwd --impls jagflash FA3_varlen FA2_varlen cuDNN_ragged  # forward vs cuDNN
 
@@ -108,7 +108,7 @@ def parse_args(argv=None):
     p.add_argument("--no-compile-flex", action="store_true", help="eager FlexAttention (CPU smoke runs)")
     p.add_argument("--commit", default=None, help="commit measured (default: $JAGFLASH_COMMIT, else git)")
     p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/compare.json; run nothing")
-    p.add_argument("--update-results", action="store_true", help="append the section to bench/RESULTS.md")
+    p.add_argument("--update-results", action="store_true", help="append the section to bench/log/RESULTS-history.md and put the chart in bench/")
     args = p.parse_args(argv)
     if args.bwd_only:
         args.parts = ["bwd", "step"]
@@ -709,8 +709,9 @@ def main():
     section = report.markdown(meta, rows, png_name, steps)
     (out_dir / "compare.md").write_text(section)
     if args.update_results:
-        png = report.append_results(section, out_dir / png_name, HERE)
-        print(f"appended to {HERE / 'RESULTS.md'}; chart {png}")
+        chart_file = out_dir / png_name
+        history, png = report.append_results(section, chart_file if chart_file.exists() else None, HERE)
+        print(f"appended to {history}; chart {png}; bring bench/RESULTS.md's section up to date by hand")
     if not args.from_dir:
         print(f"compare.py: {meta['seconds']} s")
     if rows:

@@ -1,5 +1,6 @@
-"""compare.py's outputs: the markdown section (for bench/RESULTS.md), the short table it prints
-last, and the PNG chart."""
+"""compare.py's outputs: the markdown section (for the dated log, bench/log/RESULTS-history.md;
+bench/RESULTS.md keeps the latest figures of each benchmark, updated by hand), the short table it
+prints last, and the PNG chart."""
 from collections import defaultdict
 from pathlib import Path
 
@@ -416,12 +417,22 @@ def chart(meta, rows, path):
     plt.close(fig)
 
 
+HISTORY = Path("log") / "RESULTS-history.md"  # the dated log, under bench/
+
+
 def append_results(section, png_path, bench_dir):
-    """Appends the section to bench/RESULTS.md and puts the chart next to it."""
+    """Appends the section to the dated log (bench/log/RESULTS-history.md) and puts the chart in
+    bench/, beside bench/RESULTS.md (the current standing, which is brought up to date by hand).
+    The section's link to the chart is made relative to the log's folder. Returns (the log's path,
+    the chart's path or None)."""
     bench_dir = Path(bench_dir)
-    target_png = bench_dir / Path(png_path).name
-    if Path(png_path).resolve() != target_png.resolve():
-        target_png.write_bytes(Path(png_path).read_bytes())
-    with open(bench_dir / "RESULTS.md", "a") as f:
+    target_png = None
+    if png_path is not None:
+        target_png = bench_dir / Path(png_path).name
+        if Path(png_path).resolve() != target_png.resolve():
+            target_png.write_bytes(Path(png_path).read_bytes())
+        section = section.replace(f"]({target_png.name})", f"](../{target_png.name})")
+    history = bench_dir / HISTORY
+    with open(history, "a") as f:
         f.write("\n" + section)
-    return target_png
+    return history, target_png

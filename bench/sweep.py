@@ -11,7 +11,7 @@ The first thing to run after each kernel change (issue 24):
     python bench/sweep.py                                  # on the GPU machine: the 24 points + own batches
     python bench/sweep.py --head-dims 128 --masks none --lengths 2048 16384
     python bench/sweep.py --variant plain:JAGFLASH_BWD_L2_GROUP_MB=0,JAGFLASH_BWD_ROTATE=0
-    python bench/sweep.py --from DIR --update-results      # here: append DIR's section to RESULTS.md
+    python bench/sweep.py --from DIR --update-results      # here: append DIR's section to log/RESULTS-history.md
     python bench/sweep.py --device cpu --tokens 512 --lengths 64 128 --head-dims 64 --impls jagflash
     python bench/sweep.py --parts fwd --own --impls jagflash FA3_varlen cuDNN_ragged   # forward vs cuDNN
 
@@ -23,7 +23,7 @@ A --variant NAME:VAR=VALUE,... adds "jagflash NAME", jagflash with those environ
 around each of its calls (the backward's tile-order knobs are read at every launch), timed in the
 same turns as the others: an A/B inside one process.
 
-Writes sweep.json (every number), sweep.md (a section for bench/RESULTS.md) and a chart (TFLOP/s
+Writes sweep.json (every number), sweep.md (a section for the dated log, bench/log/RESULTS-history.md) and a chart (TFLOP/s
 against L, one line per implementation, a panel per head dim and mask) into --out (default
 $OUT, else bench/out), and prints the backward's table and the issue's bars last.
 """
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=1.0)
     p.add_argument("--commit", default=None)
     p.add_argument("--from", dest="from_dir", default=None, help="re-render DIR/sweep.json; run nothing")
-    p.add_argument("--update-results", action="store_true", help="append the section to bench/RESULTS.md")
+    p.add_argument("--update-results", action="store_true", help="append the section to bench/log/RESULTS-history.md and put the chart in bench/")
     args = p.parse_args(argv)
     # What compare.environment() and compare.measure_all() read.
     args.order, args.dtype, args.scale, args.max_batch, args.dists = "interleaved", "bf16", 1, 0, []
@@ -456,12 +456,8 @@ def main():
     section = markdown(meta, rows, png_name)
     (out_dir / "sweep.md").write_text(section)
     if args.update_results:
-        results = HERE / "RESULTS.md"
-        with results.open("a") as f:
-            f.write("\n" + section)
-        if png_name:
-            (HERE / png_name).write_bytes((out_dir / png_name).read_bytes())
-        print(f"appended to {results}")
+        history, png = report.append_results(section, out_dir / png_name if png_name else None, HERE)
+        print(f"appended to {history}; chart {png}; bring bench/RESULTS.md's section up to date by hand")
     print("sweep.py: backward TFLOP/s, jagflash / FA3 varlen (ratio)")
     print(table(meta, rows, "bwd"))
     # After the backward's table, so that scripts/gpu-sweep.sh's summary (from that line on) has them.

@@ -395,3 +395,22 @@ def test_benchmark_batch_draws_the_distribution_in_bf16():
     assert torch.equal(tensors[0], batch(False)[2][0])  # the generator's seed fixes them
     _, _, uniform = batch(True)
     assert all(t.abs().max() <= 1.0 for t in uniform) and tensors[0].abs().max() > 1.0
+
+
+def test_update_results_appends_to_the_dated_log_and_puts_the_chart_in_bench(tmp_path):
+    # bench/RESULTS.md is the current standing, edited by hand; --update-results writes the log.
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "RESULTS-history.md").write_text("# log\n")
+    (tmp_path / "RESULTS.md").write_text("# standing\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "compare-2026-12-09-abc1234.png").write_bytes(b"png")
+    section = "## a run\n\n![jagflash and peers, TFLOP/s](compare-2026-12-09-abc1234.png)\n"
+    history, png = report.append_results(section, out / "compare-2026-12-09-abc1234.png", tmp_path)
+    assert history == tmp_path / "log" / "RESULTS-history.md"
+    assert png == tmp_path / "compare-2026-12-09-abc1234.png" and png.read_bytes() == b"png"
+    log = history.read_text()
+    assert log.startswith("# log\n") and "](../compare-2026-12-09-abc1234.png)" in log
+    assert (tmp_path / "RESULTS.md").read_text() == "# standing\n"
+    history, png = report.append_results("## no chart\n", None, tmp_path)
+    assert png is None and history.read_text().endswith("## no chart\n")
