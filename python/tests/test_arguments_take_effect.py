@@ -130,3 +130,12 @@ def test_pooled_attention_refuses_a_block_mask_naming_it():
     with pytest.raises(jagflash.UnsupportedError, match=r"^block_mask: expected None \(pooled attention .*got "
                                                         r"BlockMask$"):
         _pooled(batch, block_mask=mask)
+
+
+@pytest.mark.parametrize("entry", ["jagged_attention", "pooled_attention"])
+@pytest.mark.parametrize("flag", ["no", 0, 1, None])
+def test_return_lse_takes_only_a_bool(entry, flag):
+    """A truthy "no" was taken as True (and 0 as False): refused as causal= is."""
+    _, call, _, _ = ENTRY_POINTS[entry]
+    with pytest.raises(jagflash.InvalidArgumentError, match=rf"^return_lse: expected True or False, got {flag!r}$"):
+        call(_batch(), return_lse=flag)
