@@ -132,9 +132,10 @@ def flash_attn_varlen_func(
 
     q: [total_q, H, D]; k: [total_k, H_kv, D]; v: [total_k, H_kv, Dv], H % H_kv == 0 (head h of q
     attends to head h // (H / H_kv) of k and v, as in FlashAttention). fp16/bf16 on the GPU
-    (sm_90) at any D that is a multiple of 8 up to 256, either direction, and any such Dv <= D
-    (a D other than 64, 128, 256 and a Dv < D without softcap or ALiBi); CPU tensors (fp32 too) run
-    the C++ float64 reference at any D that is a multiple of 8 up to 256, and any such Dv <= D.
+    (sm_90) at any D up to 256, either direction, and any Dv <= D (a D other than 64, 128, 256
+    and a Dv < D without softcap or ALiBi); CPU tensors (fp32 too) run the C++ float64 reference
+    at any D up to 256 and any Dv <= D. A D or Dv that is not a multiple of 8 is zero-padded to
+    the next one, as FA2 does (below).
     cu_seqlens_q, cu_seqlens_k: int32 (or int64) [B+1] cumulative lengths on the tensors' device.
     max_seqlen_q, max_seqlen_k: FlashAttention requires them; for jagflash they are hints for the
     forward's kernel choice (when both are given), never required to be exact or even given
