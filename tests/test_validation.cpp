@@ -80,6 +80,12 @@ std::vector<Case> problem_cases() {
   static std::vector<int32_t> decreasing = {0, 3, 2, 8};
   static std::vector<int32_t> wrong_total = {0, 3, 3, 9};
   static std::vector<float> alibi_slopes(4, 0.25f);
+  static std::vector<float> nan_slopes = {0.25f, 0.5f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  static std::vector<float> inf_table = [] {
+    std::vector<float> table(4 * 3, 0.5f);
+    table[1 * 3 + 2] = -std::numeric_limits<float>::infinity();
+    return table;
+  }();
   return {
       {"dtype",
        p([](jf_problem& q) { q.dtype = static_cast<jf_dtype>(7); }),
@@ -174,6 +180,21 @@ std::vector<Case> problem_cases() {
        }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.alibi_slopes", "NULL with JF_SCORE_MOD_SOFTCAP"}},
+      {"values: alibi slope NaN (read on the CPU)",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_ALIBI;
+         q.alibi_slopes = nan_slopes.data();
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.alibi_slopes[2]: expected a finite number, got nan"}},
+      {"values: score_mod_table entry infinite (read on the CPU)",
+       p([](jf_problem& q) {
+         q.score_mod = JF_SCORE_MOD_RELATIVE_BIAS;
+         q.score_mod_table = inf_table.data();
+         q.score_mod_table_width = 3;
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.score_mod_table[1][2]: expected a finite number, got -inf"}},
       {"batch",
        p([](jf_problem& q) { q.batch_size = -1; }),
        JF_ERR_INVALID_ARGUMENT,
@@ -354,7 +375,9 @@ TEST(Validation, ForwardErrors) {
     size_t bytes = 0;
     // Shape errors are reported by the size query too (offsets are not read there).
     const std::string name = c.name;
-    const bool offsets_case = name.rfind("offsets", 0) == 0 || name.rfind("kv offsets", 0) == 0;
+    // ... nor the modifier's values, read (on the CPU) with the offsets.
+    const bool offsets_case =
+        name.rfind("offsets", 0) == 0 || name.rfind("kv offsets", 0) == 0 || name.rfind("values:", 0) == 0;
     if (!offsets_case) {
       EXPECT_NE(jagflash_fwd_workspace_size(&call.fwd, &bytes), JF_OK) << c.name;
     }

@@ -170,15 +170,20 @@ jagflash::cli::Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--dist") {
-      std::stringstream s(value());
-      std::string name;
-      while (std::getline(s, name, ',')) {
+      // Every comma-separated piece is a name, the empty ones too: "" or "gemskew," is refused
+      // rather than read as the default or as "gemskew".
+      const std::string list = value();
+      for (size_t start = 0;;) {
+        const size_t comma = list.find(',', start);
+        const std::string name = list.substr(start, comma == std::string::npos ? comma : comma - start);
         bool known = false;
         for (const auto& n : jagflash::gen::distribution_names()) known |= n == name;
         if (!known)
           throw std::invalid_argument(
               "--dist: expected one of uniform1k, gemskew, pareto, onegiant, short; got '" + name + "'");
         o.distributions.push_back(name);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
       }
     } else if (a == "--causal") {
       o.causal = true;

@@ -98,7 +98,22 @@ Place place_of(const Tensor& t) {
   return place;
 }
 
-Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Place& place) {
+int64_t element_bytes(int32_t dtype) {
+  const Codes& c = codes();
+  return dtype == c.fp32 || dtype == c.int32 ? 4 : dtype == c.uint8 ? 1 : 2;
+}
+
+// A failed allocation: the shim turns torch's exception into a bare error code (its message goes
+// to the log only), and with sizes the C library accepts and a device torch knows, what fails is
+// the memory. The "out of memory: " tag tells python/jagflash/_launch.py to raise torch's own
+// torch.OutOfMemoryError with what was asked for; nothing has been written by then.
+[[noreturn]] void fail_out_of_memory(const char* what, int64_t bytes, const Place& place) {
+  fail(JF_ERR_CUDA, std::string("out of memory: ") + what + ", " + std::to_string(bytes) + " bytes, on " +
+                        (place.is_cuda() ? "cuda:" + std::to_string(place.index) : std::string("cpu")));
+}
+
+// A fresh dense tensor; `what` names it in the out-of-memory error ("the backward's workspace").
+Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Place& place, const char* what) {
   std::array<int64_t, 3> size{};
   std::array<int64_t, 3> stride{};
   const int64_t ndim = static_cast<int64_t>(sizes.size());
@@ -109,13 +124,17 @@ Tensor empty(std::initializer_list<int64_t> sizes, int32_t dtype, const Place& p
     step *= size[d] > 1 ? size[d] : 1;
   }
   AtenTensorHandle handle = nullptr;
-  TORCH_ERROR_CODE_CHECK(
-      aoti_torch_empty_strided(ndim, size.data(), stride.data(), dtype, place.type, place.index, &handle));
+  if (aoti_torch_empty_strided(ndim, size.data(), stride.data(), dtype, place.type, place.index, &handle) !=
+      AOTI_TORCH_SUCCESS) {
+    int64_t elements = 1;
+    for (int64_t d = 0; d < ndim; ++d) elements *= size[d];
+    fail_out_of_memory(what, elements * element_bytes(dtype), place);
+  }
   return Tensor(handle);
 }
 
-Tensor empty_like_dense(const Tensor& t, const Place& place) {
-  return empty({t.size(0), t.size(1), t.size(2)}, dtype_of(t), place);
+Tensor empty_like_dense(const Tensor& t, const Place& place, const char* what) {
+  return empty({t.size(0), t.size(1), t.size(2)}, dtype_of(t), place, what);
 }
 
 // What python/jagflash/_launch.py's check_inputs requires, detected here; it words the message.
@@ -171,14 +190,14 @@ bool usable(const Tensor& t, bool cuda) {
 // 16-byte aligned).
 Tensor prepared(const Tensor& t, const Place& place) {
   if (usable(t, place.is_cuda())) return t;
-  Tensor fresh = empty_like_dense(t, place);
+  Tensor fresh = empty_like_dense(t, place, "a dense copy of an input");
   torch::stable::copy_(fresh, t);
   return fresh;
 }
 
 Tensor contiguous_offsets(const Tensor& offsets, const Place& place) {
   if (offsets.numel() <= 1 || offsets.stride(0) == 1) return offsets;
-  Tensor fresh = empty({offsets.size(0)}, codes().int32, place);
+  Tensor fresh = empty({offsets.size(0)}, codes().int32, place, "a contiguous copy of the offsets");
   torch::stable::copy_(fresh, offsets);
   return fresh;
 }
@@ -260,7 +279,7 @@ void set_block_mask(jf_problem& p, const Tensor& q, int64_t batch_entries, const
   kept.offsets = contiguous_offsets(*offsets, place);
   kept.blocks = *blocks;
   if (blocks->numel() > 1 && blocks->stride(0) != 1) {
-    kept.blocks = empty({blocks->size(0)}, codes().uint8, place);
+    kept.blocks = empty({blocks->size(0)}, codes().uint8, place, "a contiguous copy of the block mask");
     torch::stable::copy_(kept.blocks, *blocks);
   }
   // An empty map (no sequence has both a query and a key block) still is a block mask: torch may
@@ -372,7 +391,10 @@ Tensor run(Args& args, SizeFn size_fn, RunFn run_fn, const Place& place, int dir
   size_t bytes = 0;
   check_status(size_fn(&args, &bytes));
   // No bytes (CPU calls): no allocation, and Python gets None for the workspace.
-  Tensor workspace = bytes ? empty({static_cast<int64_t>(bytes)}, codes().uint8, place) : Tensor();
+  Tensor workspace =
+      bytes ? empty({static_cast<int64_t>(bytes)}, codes().uint8, place,
+                    direction == JF_DIRECTION_BACKWARD ? "the backward's workspace" : "the forward's workspace")
+            : Tensor();
   args.launch.workspace = bytes ? workspace.data_ptr() : nullptr;
   args.launch.workspace_bytes = bytes;
   check_status(run_fn(&args));
@@ -531,8 +553,8 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
   // The output rows: total_q, or B * Lq for a pooled call; v's head dim (the C library checks the
   // head dims).
   const int64_t rows = q_offsets != nullptr ? q.size(0) : pooled_rows(q, kv_offsets);
-  Tensor out = empty({rows, q.size(1), v.size(2)}, dtype_of(q), place);
-  Tensor lse = empty({q.size(1), rows}, codes().fp32, place);
+  Tensor out = empty({rows, q.size(1), v.size(2)}, dtype_of(q), place, "out");
+  Tensor lse = empty({q.size(1), rows}, codes().fp32, place, "lse");
   jf_fwd_args args{};
   args.problem =
       q_offsets != nullptr
@@ -591,15 +613,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
   out = prepared(out, place);
   dout = prepared(dout, place);
   if (!lse.is_contiguous()) {
-    Tensor fresh = empty({lse.size(0), lse.size(1)}, codes().fp32, place);
+    Tensor fresh = empty({lse.size(0), lse.size(1)}, codes().fp32, place, "a contiguous copy of lse");
     torch::stable::copy_(fresh, lse);
     lse = fresh;
   }
   Tensor q_offsets_c = q_offsets != nullptr ? contiguous_offsets(*q_offsets, place) : Tensor();
   kv_offsets = contiguous_offsets(kv_offsets, place);
-  Tensor dq = empty_like_dense(q, place);
-  Tensor dk = empty_like_dense(k, place);
-  Tensor dv = empty_like_dense(v, place);
+  Tensor dq = empty_like_dense(q, place, "dq");
+  Tensor dk = empty_like_dense(k, place, "dk");
+  Tensor dv = empty_like_dense(v, place, "dv");
   jf_bwd_args args{};
   args.problem =
       q_offsets != nullptr

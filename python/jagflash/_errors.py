@@ -33,6 +33,11 @@ def invalid_argument(argument: str, expected: str, given: object) -> InvalidArgu
     return InvalidArgumentError(f"{argument}: expected {expected}, got {given}", _capi.ERR_INVALID_ARGUMENT)
 
 
+def unsupported(argument: str, expected: str, given: object) -> UnsupportedError:
+    """invalid_argument's message shape for a valid value that this entry point cannot serve."""
+    return UnsupportedError(f"{argument}: expected {expected}, got {given}", _capi.ERR_UNSUPPORTED)
+
+
 def reworded(error: JagflashError, substitutions: Sequence[Tuple[Union[str, "re.Pattern[str]"], str]]) -> JagflashError:
     """error with its message in another caller's terms: each (pattern, replacement) applied in
     turn (re.sub). The same class and status; error itself when nothing changed."""

@@ -95,15 +95,17 @@ def check_head_dims(q, k, v, *, backward=False, modified=False, blocked=False, p
 
 
 def check_score_mod(q, softcap, alibi_slopes, score_mod=0, score_mod_table=None):
-    """The score modifier in the ops' terms (softcap: 0 = none, else finite and > 0; alibi_slopes:
+    """The score modifier in the ops' terms (softcap: 0 = none, else > 0 and finite and non-zero as
+    a float32, as scale; alibi_slopes:
     None or float32 [H] on q's device; score_mod, score_mod_table: 0 and None, or the jf_score_mod of
     a modifier that reads a table and that table, float32 [H, W] on q's device; one at a time). The C library checks the same
     (jf_score_mod); this says it in the caller's words, also for the fake kernels and
     jagflash.backend(), so a traced call fails where an eager one would."""
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise _errors.invalid_argument("softcap", "a real number (0 = no softcap)", repr(softcap))
-    if softcap != 0 and not (softcap > 0 and softcap < float("inf")):  # NaN fails too
-        raise _errors.invalid_argument("softcap", "a finite number > 0 (0 = no softcap)", repr(softcap))
+    if softcap != 0 and not _SCALE_ROUNDS_TO_ZERO < softcap < _SCALE_ROUNDS_TO_INF:  # NaN fails too
+        raise _errors.invalid_argument("softcap", "a finite number > 0 that stays finite and non-zero in float32 "
+                                       "(0 = no softcap)", repr(softcap))
     if alibi_slopes is not None:
         heads = q.shape[1]
         if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32 or \
@@ -158,8 +160,8 @@ def check_block_mask(q, q_offsets, blocks, offsets):
                                        f"{q.device} (q's device)", got)
 
 
-# The op-level scale: 0 is the C API's marker for 1/sqrt(D); any other value must stay finite and
-# non-zero as the float32 the C API holds (the binding checks the same: check_scale in
+# The op-level scale (and softcap): 0 is the C API's marker for 1/sqrt(D) (no softcap); any other
+# value must stay finite and non-zero as the float32 the C API holds (the binding checks the same: check_scale in
 # python/binding/jagflash_torch.cpp). Bounds as in functional._scale.
 _SCALE_ROUNDS_TO_ZERO = 2.0**-150
 _SCALE_ROUNDS_TO_INF = 2.0**128 - 2.0**103
@@ -239,16 +241,49 @@ _BINDING_ERROR = re.compile(r"\[jagflash status (\d+)\] (.*)", re.S)
 _INPUT_CHECK = "input check: "
 
 
+_OUT_OF_MEMORY = re.compile(r"out of memory: (.*), (\d+) bytes, on (cpu|cuda:\d+)$")
+# What a backward's workspace is, for the error that says it did not fit (README, "Out of memory").
+_WORKSPACE_NOTE = {
+    "the backward's workspace": " (mostly the fp32 dQ accumulator, 4 * total_q * H * the kernel's head dim bytes)",
+}
+
+
+def _gib(size):
+    return f"{size / 2**30:.2f} GiB"
+
+
+def out_of_memory(message):
+    """torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) for the binding's "out of memory: WHAT,
+    N bytes, on DEVICE", worded as PyTorch's allocator words its own: the size asked for and, on
+    CUDA, the device's capacity and free memory (read on this error path only). None for any other
+    message."""
+    found = _OUT_OF_MEMORY.match(message)
+    if found is None:
+        return None
+    what, size, device = found.group(1), int(found.group(2)), torch.device(found.group(3))
+    text = (f"jagflash: {'CUDA' if device.type == 'cuda' else 'CPU'} out of memory. Tried to allocate {_gib(size)} "
+            f"({size} bytes) for {what}{_WORKSPACE_NOTE.get(what, '')}.")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        text += (f" GPU {device.index} has a total capacity of {_gib(total)} of which {_gib(free)} is free; "
+                 f"{_gib(torch.cuda.memory_reserved(device))} is reserved by PyTorch's allocator.")
+    return torch.OutOfMemoryError(text)
+
+
 def _translated(error, recheck):
     """The package's exception for a RuntimeError the binding raised (the C library's message
-    and status); the error itself if it did not come from the binding. A failed input check is
-    worded by `recheck` (check_inputs and friends), which raises."""
+    and status; torch.OutOfMemoryError for an allocation that did not fit); the error itself if it
+    did not come from the binding. A failed input check is worded by `recheck` (check_inputs and
+    friends), which raises."""
     found = _BINDING_ERROR.search(str(error))
     if found is None:
         return error
     status, message = int(found.group(1)), found.group(2).rstrip()
     if message.startswith(_INPUT_CHECK):
         recheck()
+    oom = out_of_memory(message)
+    if oom is not None:
+        return oom
     return _errors._BY_STATUS.get(status, _errors.JagflashError)(message, status)
 
 

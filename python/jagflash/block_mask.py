@@ -153,11 +153,12 @@ class BlockMask:
 
     @classmethod
     def from_maps(cls, maps: Sequence[Tensor], q_offsets: Optional[Tensor] = None,
-                  kv_offsets: Optional[Tensor] = None, device: Any = None) -> "BlockMask":
-        """One 2-D map [nq_b, nk_b] per sequence (bool, or any integer dtype: nonzero = visible).
-        With q_offsets (and kv_offsets, None for q's) each map's shape is checked against
-        ceil(L / 128) of its sequence and the mask goes to their device; else to `device`, or the
-        maps' device."""
+                  kv_offsets: Optional[Tensor] = None) -> "BlockMask":
+        """One 2-D map [nq_b, nk_b] per sequence (bool, or any integer dtype: nonzero = visible),
+        for the batch of q_offsets and kv_offsets (None for q's): each map's shape is checked
+        against ceil(L / 128) of its sequence, and the mask goes to the offsets' device. The
+        offsets are required (None raises, naming q_offsets): without them a 1 x 2 map would be
+        taken for a sequence that needs 2 x 1 (the same byte count) and read transposed."""
         if isinstance(maps, torch.Tensor) or not isinstance(maps, (list, tuple)):
             raise invalid_argument("maps", "a list of 2-D [nq_b, nk_b] bool tensors, one per sequence",
                                    type(maps).__name__)
@@ -165,19 +166,16 @@ class BlockMask:
             if not isinstance(m, torch.Tensor) or m.dim() != 2 or m.layout is not torch.strided or m.is_nested or \
                     m.is_floating_point() or m.is_complex():
                 raise invalid_argument(f"maps[{b}]", "a 2-D [nq_b, nk_b] bool (or integer) tensor", _describe(m))
-        if q_offsets is not None:
-            q_lengths, kv_lengths, device = _sides(q_offsets, kv_offsets)
-            if len(maps) != len(q_lengths):
-                raise invalid_argument("maps", f"{len(q_lengths)} maps (B of q_offsets)", len(maps))
-            for b, (m, lq, lk) in enumerate(zip(maps, q_lengths, kv_lengths)):
-                if tuple(m.shape) != (blocks_of(lq), blocks_of(lk)):
-                    raise invalid_argument(f"maps[{b}]", f"shape ({blocks_of(lq)}, {blocks_of(lk)}) = "
-                                                         f"(ceil({lq} / 128), ceil({lk} / 128))", tuple(m.shape))
-        elif kv_offsets is not None:
-            raise invalid_argument("q_offsets", "offsets when kv_offsets is given", "None")
-        if device is None:
-            device = maps[0].device if maps else torch.device("cpu")
-        device = torch.device(device)
+        if q_offsets is None:
+            raise invalid_argument("q_offsets", "the batch's offsets (each map's shape is checked against its "
+                                   "sequence's lengths)", "None")
+        q_lengths, kv_lengths, device = _sides(q_offsets, kv_offsets)
+        if len(maps) != len(q_lengths):
+            raise invalid_argument("maps", f"{len(q_lengths)} maps (B of q_offsets)", len(maps))
+        for b, (m, lq, lk) in enumerate(zip(maps, q_lengths, kv_lengths)):
+            if tuple(m.shape) != (blocks_of(lq), blocks_of(lk)):
+                raise invalid_argument(f"maps[{b}]", f"shape ({blocks_of(lq)}, {blocks_of(lk)}) = "
+                                                     f"(ceil({lq} / 128), ceil({lk} / 128))", tuple(m.shape))
         blocks = torch.cat([m.reshape(-1).to(device) != 0 for m in maps]) if maps else \
             torch.zeros(0, dtype=torch.bool, device=device)
         return cls(blocks.to(torch.uint8), _csr([m.numel() for m in maps], device))

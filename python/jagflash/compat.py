@@ -17,7 +17,13 @@ reads the lse this way (ring-attention wrappers do) runs unchanged.
 
 Options jagflash does not have raise UnsupportedError naming the option (dropout_p != 0,
 block_table, alibi_slopes of FA2's per-sequence shape (batch_size, nheads)); none is ignored.
-softcap != 0 and alibi_slopes (nheads,) are served on CPU and CUDA tensors. With
+softcap > 0 and alibi_slopes (nheads,) are served on CPU and CUDA tensors; softcap <= 0 is no
+softcap, as in FA2 (flash_api.cpp: `if (softcap > 0.0)`). Where FA2's kernels behave differently
+from jagflash's own API, this entry does what FA2 does: a row that sees no key has softmax_lse
++inf (FA2's kernel writes INFINITY; jagged_attention gives -inf, as FlexAttention does), and a
+head dim that is not a multiple of 8 is zero-padded to the next one with a copy of q, k and v
+(FA2's mha_varlen_fwd pads the same way), the result sliced back, the scale 1/sqrt of the
+caller's head dim. With
 causal=True the right side of window_size is set to 0 whatever it is, as FA2 does (mha_varlen_fwd:
 `if (is_causal) window_size_right = 0`): HuggingFace transformers calls it so for sliding-window
 models, causal=True with window_size=(w - 1, w - 1). Errors name FA2's arguments (cu_seqlens_k,
@@ -25,7 +31,7 @@ softmax_scale, window_size), not jagged_attention's.
 """
 import numbers
 import operator
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -44,6 +50,7 @@ _FA2_TERMS = (
     (r"^scale\b", "softmax_scale"),
     (r"^window\b", "window_size"),
     (r"^max_seqlen_kv\b", "max_seqlen_k"),
+    (r"or None for no softcap", "or <= 0 (FA2's 0.0) for no softcap"),
 )
 
 
@@ -68,9 +75,39 @@ def _hint(name: str, value: Any) -> Optional[int]:
 
 
 def _is_zero(name: str, value: Any) -> bool:
+    _check_number(name, value)
+    return value == 0
+
+
+def _check_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise invalid_argument(name, "a number", repr(value))
-    return value == 0
+
+
+_HEAD_DIM_STEP, _MAX_HEAD_DIM = 8, 256
+
+
+def _padded_head_dims(q: Any, k: Any, v: Any) -> Optional[Tuple[int, int]]:
+    """(q's and k's, v's) head dims as FA2 runs them when one is not a multiple of 8: the next
+    multiple of 8 (FA2 pads head_size_og % 8 != 0), where that is one jagflash takes; else None,
+    and the call goes on unpadded (anything malformed is then refused by jagged_attention's checks,
+    naming the caller's values)."""
+    if not all(isinstance(t, Tensor) and t.dim() == 3 for t in (q, k, v)) or k.shape[-1] != q.shape[-1]:
+        return None
+    d, dv = q.shape[-1], v.shape[-1]
+    padded_d, padded_dv = (-(-n // _HEAD_DIM_STEP) * _HEAD_DIM_STEP for n in (d, dv))
+    if (padded_d, padded_dv) == (d, dv) or not 0 < padded_d <= _MAX_HEAD_DIM or padded_dv <= 0:
+        return None
+    return padded_d, padded_dv
+
+
+def _pad_head_dim(t: Tensor, padded: int) -> Tensor:
+    """t zero-padded to `padded` columns (a copy, differentiable: the gradient is sliced back)."""
+    return torch.nn.functional.pad(t, (0, padded - t.shape[-1]))
+
+
+# FA2's softmax_lse for a row that sees no key.
+_NO_KEY_LSE = float("inf")
 
 
 def flash_attn_varlen_func(
@@ -95,9 +132,10 @@ def flash_attn_varlen_func(
 
     q: [total_q, H, D]; k: [total_k, H_kv, D]; v: [total_k, H_kv, Dv], H % H_kv == 0 (head h of q
     attends to head h // (H / H_kv) of k and v, as in FlashAttention). fp16/bf16 on the GPU
-    (sm_90) at any D that is a multiple of 8 up to 256, either direction, and any such Dv <= D
-    (a D other than 64, 128, 256 and a Dv < D without softcap or ALiBi); CPU tensors (fp32 too) run
-    the C++ float64 reference at any D that is a multiple of 8 up to 256, and any such Dv <= D.
+    (sm_90) at any D up to 256, either direction, and any Dv <= D (a D other than 64, 128, 256
+    and a Dv < D without softcap or ALiBi); CPU tensors (fp32 too) run the C++ float64 reference
+    at any D up to 256 and any Dv <= D. A D or Dv that is not a multiple of 8 is zero-padded to
+    the next one, as FA2 does (below).
     cu_seqlens_q, cu_seqlens_k: int32 (or int64) [B+1] cumulative lengths on the tensors' device.
     max_seqlen_q, max_seqlen_k: FlashAttention requires them; for jagflash they are hints for the
     forward's kernel choice (when both are given), never required to be exact or even given
@@ -107,7 +145,8 @@ def flash_attn_varlen_func(
     causal, window_size=(left, right): FlashAttention's masks, bottom-right aligned when
     seqlen_q != seqlen_k; -1 unbounded; causal with a left window is a causal sliding window, and
     with causal=True the right side is 0 whatever is passed (as in FA2).
-    softcap: 0.0 (FA2's default) for none, else a tanh softcap > 0 on the scaled score, as FA2's.
+    softcap: 0.0 (FA2's default), or any value <= 0, for none (as FA2), else a tanh softcap on the
+    scaled score, as FA2's (finite in float32; 1e-50 and 1e39 are refused).
     alibi_slopes: None, or float32 (nheads,) as FA2's (bias -slope * |i + seqlen_k - seqlen_q - j|);
     FA2's per-sequence (batch_size, nheads) is refused (UnsupportedError). One of softcap and ALiBi
     at a time.
@@ -115,14 +154,19 @@ def flash_attn_varlen_func(
     False, FA2's default, still gives it while torch.use_deterministic_algorithms(True) is on,
     since torch's switch asks every op for its deterministic variant.
     return_attn_probs: True returns (out, softmax_lse [H, total_q] float32, S_dmask), S_dmask an
-    empty tensor as FA2's with dropout_p = 0 (the module docstring says why).
+    empty tensor as FA2's with dropout_p = 0 (the module docstring says why); softmax_lse is +inf
+    for a row that sees no key, as FA2's (jagged_attention's lse is -inf there).
+    Head dims that are not a multiple of 8 (D = 36) run as FA2 runs them: q, k, v zero-padded to
+    the next multiple of 8 (a copy of each, and of out's columns back), scale 1/sqrt(D) of the
+    caller's D.
     block_table: None only (no paged KV cache).
     Differentiable in q, k and v.
     """
     if not _is_zero("dropout_p", dropout_p):
         raise _unsupported(f"dropout_p={dropout_p}", "jagflash has no attention dropout; pass 0.0 (FlashAttention "
                                                      "users typically pass `p if self.training else 0.0`)")
-    cap = None if _is_zero("softcap", softcap) else softcap
+    _check_number("softcap", softcap)
+    cap = softcap if softcap > 0 else None  # FA2: <= 0 (and NaN) is no softcap
     if isinstance(alibi_slopes, Tensor) and alibi_slopes.dim() == 2:
         raise _unsupported(f"alibi_slopes of shape {tuple(alibi_slopes.shape)} (batch_size, nheads)",
                            "jagflash takes one slope per head for every sequence; pass shape (nheads,)")
@@ -146,6 +190,13 @@ def flash_attn_varlen_func(
     if cu_seqlens_k is None:
         # jagged_attention would take q's offsets for k's; FA2 has no such default.
         raise invalid_argument("cu_seqlens_k", "an int32 tensor of B+1 cumulative key lengths", "None")
+    padded = _padded_head_dims(q, k, v)
+    if padded is not None:
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** -0.5  # the caller's head dim, not the padded one
+        v_cols = v.shape[-1]
+        head_dim, v_head_dim = padded
+        q, k, v = _pad_head_dim(q, head_dim), _pad_head_dim(k, head_dim), _pad_head_dim(v, v_head_dim)
     try:
         result = jagged_attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
@@ -154,9 +205,17 @@ def flash_attn_varlen_func(
             return_lse=return_attn_probs, softcap=cap, alibi_slopes=alibi_slopes,
         )
     except JagflashError as error:
-        raise reworded(error, _FA2_TERMS) from None
-    if not return_attn_probs:
-        return result
-    out, lse = result
+        error = reworded(error, _FA2_TERMS)
+        if padded is not None:
+            error = type(error)(f"{error} (q and k padded to head dim {padded[0]} and v to {padded[1]}, as FA2 "
+                                f"pads a head dim that is not a multiple of 8)", error.status)
+        raise error from None
+    out, lse = result if return_attn_probs else (result, None)
+    if padded is not None:
+        out = out[..., :v_cols]
+    if lse is None:
+        return out
+    # FA2's lse where a row sees no key: +inf (a new tensor: the autograd node keeps the original).
+    lse = torch.where(lse == float("-inf"), _NO_KEY_LSE, lse)
     # FA2's S_dmask with dropout_p = 0: an empty tensor of the output's dtype and device.
     return out, lse, torch.empty((0,), dtype=out.dtype, device=out.device)

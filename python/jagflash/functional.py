@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _backend, _capi, _launch, _lib, _offsets_check, ops
-from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded
+from ._errors import InvalidArgumentError, JagflashError, invalid_argument, reworded, unsupported
 from .block_mask import BlockMask
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
@@ -132,6 +132,10 @@ _C_TERMS = (
     (r"\bproblem\.([qkv])\.data\b", r"\1.data_ptr()"),
     (r"\bproblem\.(q_offsets|kv_offsets)\b", r"\1"),
     (r"\bproblem\.scale\b", "scale"),
+    (r"\bproblem\.alibi_slopes\b", "alibi_slopes"),
+    (r"\bproblem\.score_mod_table\[(\d+)\]\[(\d+)\]", r"score_mod_table[\1, \2]"),
+    (r"\bproblem\.score_mod_table_width\b", "score_mod_table.shape[1]"),
+    (r"\bproblem\.score_mod_table\b", "score_mod_table"),
     (r"\bproblem\.block_mask\.(blocks|offsets)\b", r"block_mask.\1"),
     (r"\bproblem\.block_mask\.bytes\b", "block_mask.blocks.numel()"),
     (r"\bproblem\.window_left\b", "window[0]"),
@@ -179,16 +183,21 @@ def _block_mask_tensors(block_mask: object, q: Tensor, q_offsets: Tensor) -> Tup
     return blocks, offsets
 
 
+_SOFTCAP_EXPECTED = "a finite number > 0 that stays finite and non-zero in float32, or None for no softcap"
+
+
 def _softcap(softcap: Optional[float]) -> float:
-    """The C API's softcap: None -> 0 (none); anything else a real number (not a bool or string),
-    finite and > 0 (_launch.check_score_mod checks the rest: one modifier, CUDA)."""
+    """The C API's softcap: None -> 0 (none); anything else a real number (not a bool or string)
+    > 0 that float32 (the C API's field) holds as a finite non-zero number, named as given: 1e-50
+    would become 0 there (none) and 1e39 infinity (_launch.check_score_mod checks the rest: one
+    modifier)."""
     if softcap is None:
         return 0.0
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise invalid_argument("softcap", "a finite number > 0, or None for no softcap", repr(softcap))
+        raise invalid_argument("softcap", _SOFTCAP_EXPECTED, repr(softcap))
     value = float(softcap)
-    if not 0.0 < value < float("inf"):  # 0 and NaN fail too
-        raise invalid_argument("softcap", "a finite number > 0, or None for no softcap", repr(softcap))
+    if not _SCALE_ROUNDS_TO_ZERO < value < _SCALE_ROUNDS_TO_INF:  # 0, negatives and NaN fail too
+        raise invalid_argument("softcap", _SOFTCAP_EXPECTED, repr(softcap))
     return value
 
 
@@ -219,11 +228,17 @@ def _table_score_mod(score_mod: Optional[str], score_mod_table: Optional[Tensor]
             raise invalid_argument("score_mod", "the name of the modifier that reads score_mod_table", "None")
         return 0
     kind = score_mod_kind(score_mod)
-    ops.refuse_table_gradient(score_mod_table)
+    ops.refuse_modifier_gradient(None, score_mod_table)
     if kind <= _capi.SCORE_MOD_ALIBI:
         raise invalid_argument("score_mod", "the name of a modifier with a table (softcap= and alibi_slopes= "
                                "give those two; None for none)", repr(score_mod))
     return kind
+
+
+def _check_return_lse(return_lse: object) -> None:
+    """return_lse as given: True or False only (a truthy "no" is not taken as yes)."""
+    if return_lse is not True and return_lse is not False:
+        raise invalid_argument("return_lse", "True or False", repr(return_lse))
 
 
 def _deterministic(deterministic: Optional[bool]) -> bool:
@@ -351,8 +366,8 @@ def jagged_attention(
     non-decreasing, last == total, every value within int32; kv_offsets=None means q's.
     causal / window: FlashAttention's convention, bottom-right aligned when Lq != Lk: query i of a
     sequence sees key j when i + Lk - Lq - left <= j <= i + Lk - Lq + right, -1 unbounded; causal
-    is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf)
-    and zero gradients.
+    is (-1, 0) and may be combined with a left window. A row that sees no key gives 0 (lse -inf,
+    as FlexAttention's; flash_attn_varlen_func gives FA2's +inf) and zero gradients.
     scale: defaults to 1/sqrt(D) (q's head dim); else a real number that stays finite and non-zero in float32
     (the kernels' precision): one that float32 rounds to 0 or infinity (1e-50, 1e39) is refused.
     return_lse: also return lse [H, total_q] float32 (natural log; not differentiable).
@@ -367,9 +382,9 @@ def jagged_attention(
     and the forward always are); None follows torch.are_deterministic_algorithms_enabled() when
     the forward is called (in a compiled graph: when it is traced).
     softcap: None for none, else a tanh softcap (Gemma 2, Grok) on the scaled score s:
-    softcap * tanh(s / softcap), a finite number > 0.
+    softcap * tanh(s / softcap), a number > 0 that stays finite and non-zero in float32 (as scale).
     alibi_slopes: None, or ALiBi's float32 [H] (one slope per query head, on q's device; not
-    differentiable): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
+    differentiable: slopes that require grad are refused, as a table that does): s - slope_h * |i + Lk - Lq - j| for query i, key j of a sequence (FlashAttention-2's
     bias, bottom-right aligned like the masks). One modifier at a time; on CUDA the Hopper kernels
     serve both at head dims 64 and 128 (forward also 256), the GPU oracle the rest.
     score_mod, score_mod_table: None, or the name of a score modifier that reads a table (the C
@@ -388,6 +403,8 @@ def jagged_attention(
     """
     # Plain tensors pass in two attribute reads each; anything else is named before it is used.
     _check_plain(("q", q), ("k", k), ("v", v))
+    if return_lse is not False:
+        _check_return_lse(return_lse)
     # The defaults take no checks (a few hundred ns a call: the eager call's host time counts).
     if max_seqlen_q is None and max_seqlen_kv is None:
         hint = 0
@@ -409,6 +426,8 @@ def jagged_attention(
     else:
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
     cap = _softcap(softcap)
+    if alibi_slopes is not None:
+        ops.refuse_modifier_gradient(alibi_slopes, None)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
     table_kind = 0 if score_mod is None and score_mod_table is None else _table_score_mod(score_mod, score_mod_table)
     args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
@@ -578,12 +597,17 @@ def pooled_attention(
     (other values as in jagged_attention).
     check_offsets, deterministic, softcap, alibi_slopes, score_mod and score_mod_table as in
     jagged_attention (positions, as ALiBi's, with Lq
-    queries against the sequence's length, bottom-right aligned). CUDA tensors run the GPU path (the
-    Hopper kernels where they serve the call, as jagged_attention's), CPU tensors the C++ float64
-    reference.
+    queries against the sequence's length, bottom-right aligned). block_mask: None only (the C
+    library serves no block-sparse map in pooled attention; a map raises UnsupportedError rather
+    than being ignored). CUDA tensors run the GPU path (the Hopper kernels where they serve the
+    call, as jagged_attention's), CPU tensors the C++ float64 reference.
     """
+    if block_mask is not None:
+        raise unsupported("block_mask", "None (pooled attention takes no block-sparse map; jagged_attention with "
+                          "the query set repeated per sequence does)", type(block_mask).__name__)
     _check_tensor("q", q, "a query set [Lq, H, D] shared by every sequence",
                   "pooled q is one plain tensor; k and v may be nested")
+    _check_return_lse(return_lse)
     nested = isinstance(k, torch.Tensor) and k.is_nested
     if not nested:
         _check_plain(("k", k), ("v", v))
@@ -600,6 +624,8 @@ def pooled_attention(
         k_values, v_values = k, v
         kv_offsets_i32 = _offsets("kv_offsets", kv_offsets)
     mask, window_left, window_right = mask_args(False, window)
+    if alibi_slopes is not None:
+        ops.refuse_modifier_gradient(alibi_slopes, None)
     try:
         out, lse = ops.pooled_fwd(q, k_values, v_values, kv_offsets_i32, mask, window_left, window_right,
                                   _scale(scale), _offsets_check.resolve(check_offsets), 0,

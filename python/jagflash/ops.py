@@ -121,7 +121,7 @@ def _setup_context(ctx, inputs, output):
     # them (and the table's kind) go back to bwd as they came.
     q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, \
         score_mod_table = inputs
-    refuse_table_gradient(score_mod_table)
+    refuse_modifier_gradient(alibi_slopes, score_mod_table, recording=True)
     out, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks,
                           block_mask_offsets, score_mod_table)
@@ -154,13 +154,18 @@ class _RefuseDoubleBackward(torch.autograd.Function):
         raise UnsupportedError(_DOUBLE_BACKWARD_MESSAGE, _capi.ERR_UNSUPPORTED)
 
 
-def refuse_table_gradient(score_mod_table):
-    """A modifier's table gets no gradient from the C library: one that asks for it (a learnable
-    bias) would otherwise train on a silent zero."""
-    if score_mod_table is not None and score_mod_table.requires_grad and torch.is_grad_enabled():
-        raise UnsupportedError("jagflash: score_mod_table requires grad, and jagflash computes no gradient "
-                               "for a score modifier's table (only dq, dk, dv); pass score_mod_table.detach() "
-                               "to train without one", _capi.ERR_UNSUPPORTED)
+def refuse_modifier_gradient(alibi_slopes, score_mod_table, recording=None):
+    """A score modifier's tensors (ALiBi's slopes, a modifier's table) get no gradient from the C
+    library: one that asks for it (learnable slopes or bias) would otherwise train on a silent
+    zero (slopes.grad stays None). recording: whether autograd records the call (None: grad mode;
+    the ops' setup_context, which runs only when autograd records and under no_grad, passes True)."""
+    if recording is None:
+        recording = torch.is_grad_enabled()
+    for name, t in (("alibi_slopes", alibi_slopes), ("score_mod_table", score_mod_table)):
+        if isinstance(t, torch.Tensor) and t.requires_grad and recording:
+            raise UnsupportedError(f"jagflash: {name} requires grad, and jagflash computes no gradient for a "
+                                   f"score modifier's {name} (only dq, dk, dv); pass {name}.detach() to train "
+                                   "without one", _capi.ERR_UNSUPPORTED)
 
 
 def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
@@ -265,7 +270,7 @@ def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, win
 
 def _pooled_setup_context(ctx, inputs, output):
     q, k, v, kv_offsets, *scalars, alibi_slopes, score_mod, score_mod_table = inputs
-    refuse_table_gradient(score_mod_table)
+    refuse_modifier_gradient(alibi_slopes, score_mod_table, recording=True)
     out, lse = output
     ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table)
     ctx.scalars = scalars
@@ -295,36 +300,38 @@ class EagerAttention(torch.autograd.Function):
     Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
     the op's scalars as one tuple (each argument costs autograd.Function's apply time; after
     deterministic: softcap, alibi_slopes, the block mask's blocks and offsets, score_mod and
-    score_mod_table, not differentiated). The offsets and the block mask are saved for backward with the tensors, as the
-    registered op saves them: offsets or a map changed in place between the forward and the
-    backward then raise torch's "modified by an inplace operation" instead of giving the gradients
-    of other sequences or another map."""
+    score_mod_table, not differentiated). The offsets, the slopes, the block mask and the table are
+    saved for backward with the tensors, as the registered op saves them: one changed in place
+    between the forward and the backward then raises torch's "modified by an inplace operation"
+    instead of giving the gradients of other sequences, another map or other modifier values."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
         # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes, the block
         # mask's blocks and offsets, the table modifier's kind and table.
         out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], *scalars[7:])
-        # The block mask is saved like the offsets (a map changed in place before the backward raises).
-        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[9], scalars[10])
-        ctx.scalars = scalars[:9]
-        ctx.score_mod = scalars[11:]
+        # The slopes, the block mask and the table are saved like the offsets (one changed in place
+        # before the backward raises).
+        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[8], scalars[9], scalars[10],
+                              scalars[12])
+        ctx.scalars = scalars[:8]
+        ctx.score_mod = scalars[11]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, q_offsets, kv_offsets, *block_mask = ctx.saved_tensors
+        q, k, v, out, lse, q_offsets, kv_offsets, alibi_slopes, blocks, block_offsets, table = ctx.saved_tensors
         if dout.dtype is not q.dtype:
             dout = dout.to(q.dtype)
         if not torch.is_grad_enabled():  # a plain backward: nothing is recorded anyway
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask,
-                                          *ctx.score_mod)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
+                                          blocks, block_offsets, ctx.score_mod, table)
             return dq, dk, dv, None, None, None
         # create_graph=True: the copies the binding may make are not recorded.
         with torch.no_grad():
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, *block_mask,
-                                          *ctx.score_mod)
+            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
+                                          blocks, block_offsets, ctx.score_mod, table)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None
 

@@ -159,6 +159,13 @@ CONSTRUCTOR_ERRORS = [
     (lambda: BlockMask.from_maps([torch.ones(3, 3, dtype=torch.bool)] * 2, offsets_of([300])),
      r"^maps: expected 1 maps \(B of q_offsets\), got 2$"),
     (lambda: BlockMask.from_maps(torch.ones(3, 3, dtype=torch.bool)), r"^maps: expected a list of 2-D"),
+    # Without offsets a 1 x 2 map would pass for a sequence that needs 2 x 1 (the same bytes), read
+    # transposed: the offsets are required, and the shape checked against them.
+    (lambda: BlockMask.from_maps([torch.ones(1, 2, dtype=torch.bool)]),
+     r"^q_offsets: expected the batch's offsets \(each map's shape is checked against its sequence's lengths\), "
+     r"got None$"),
+    (lambda: BlockMask.from_maps([torch.ones(1, 2, dtype=torch.bool)], offsets_of([200]), offsets_of([100])),
+     r"^maps\[0\]: expected shape \(2, 1\) = \(ceil\(200 / 128\), ceil\(100 / 128\)\), got \(1, 2\)$"),
     (lambda: BlockMask.from_fn(lambda b, i, j: i, offsets_of([300])),
      r"^fn\(b, q_block, kv_block\): expected a bool tensor broadcastable to \(9,\), got torch.int64"),
     (lambda: BlockMask.from_fn(lambda b, i, j: torch.ones(2, dtype=torch.bool), offsets_of([300])),

@@ -275,8 +275,9 @@ def _fa2_error(**changes):
     (lambda b: {"window_size": (-2, 0)}, r"^window_size\[0\]: expected >= -1"),
     (lambda b: {"window_size": (3, 1.5)}, r"^window_size\[1\]: expected an int"),
     (lambda b: {"max_seqlen_k": -1}, r"^max_seqlen_k: expected None or an int in \[0, 2\^31\)"),
-    (lambda b: {"q": b.q[..., :36], "k": b.k[..., :36], "v": b.v[..., :36]},
-     r"^q.shape\[-1\]: expected a multiple of 8 from 8 to 256, got 36$"),
+    # Past 256 nothing pads it (D = 36 runs padded to 40, as in FA2: test_head_dims_not_multiples_of_8...).
+    (lambda b: {"q": torch.zeros(49, 4, 260), "k": torch.zeros(49, 2, 260), "v": torch.zeros(49, 2, 260)},
+     r"^q.shape\[-1\]: expected a multiple of 8 from 8 to 256, got 260$"),
     (lambda b: {"q": None}, r"^q: expected a \[tokens, heads, head_dim\] tensor"),
 ], ids=["cu_seqlens_k-total", "cu_seqlens_q-first", "cu_seqlens-lengths", "cu_seqlens-dtype", "cu_seqlens_k-None",
         "softmax_scale-tiny", "softmax_scale-str", "window_size-left", "window_size-right", "max_seqlen_k", "head-dim",
@@ -287,3 +288,56 @@ def test_errors_name_fa2_s_arguments(changes, message):
     assert re.search(message, got), got
     for internal in ("problem.", "kv_offsets", "q_offsets", "window[", "max_seqlen_kv"):
         assert internal not in got, got
+
+
+# ---- Where FA2's kernels behave otherwise than jagflash's own API, the compat entry does what FA2
+# does: lse +inf for a row that sees no key, head dims padded to a multiple of 8, softcap <= 0 off.
+@pytest.mark.parametrize("device", DEVICES)
+def test_lse_of_a_row_that_sees_no_key_is_plus_inf_as_fa2s(device):
+    """FA2's kernel writes INFINITY into softmax_lse for a row that sees no key (sequence 2 has a
+    query and no key, and the window hides keys from some rows); jagged_attention keeps -inf
+    (FlexAttention's), and every other value is the same."""
+    batch = _batch(330, device)
+    q, k, v = batch.leaves()
+    _, lse, _ = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, None, None,
+                                                window_size=(1, 0), return_attn_probs=True)
+    _, own_lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
+                                           window=(1, 0), return_lse=True)
+    no_key = own_lse == float("-inf")
+    assert bool(no_key.any())
+    assert torch.all(lse[no_key] == float("inf"))
+    assert torch.equal(lse[~no_key], own_lse[~no_key])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim,v_head_dim", [(36, 36), (4, 4), (250, 250), (60, 36), (64, 20)])
+def test_head_dims_not_multiples_of_8_run_padded_as_in_fa2(device, head_dim, v_head_dim):
+    """FA2 pads a head dim that is not a multiple of 8 and runs it (D = 36): so does the compat
+    entry, with the scale 1/sqrt of the caller's D; out and the gradients have the caller's shapes
+    and match the float64 reference."""
+    batch = _batch(331, device, head_dim=head_dim, v_head_dim=v_head_dim)
+    q, k, v = batch.leaves()
+    out = jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets, batch.kv_offsets, None, None, causal=True)
+    assert out.shape == (batch.q.shape[0], batch.q.shape[1], v_head_dim)
+    grads = torch.autograd.grad(out, (q, k, v), batch.dout)
+    ref_out, _, *ref_grads = reference(batch, causal=True)
+    out_tol, grad_tol = TOLERANCES[batch.q.dtype]
+    assert_close("out", out.detach().double().cpu(), ref_out, out_tol, batch.seed)
+    for name, got, want, t in zip(("dq", "dk", "dv"), grads, ref_grads, (q, k, v)):
+        assert got.shape == t.shape
+        assert_close(name, got.double().cpu(), want, grad_tol, batch.seed)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, -0.0, -1e30, float("-inf")])
+def test_softcap_at_or_below_0_is_no_softcap_as_in_fa2(softcap):
+    batch = _batch(332)
+    args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, None, None)
+    assert torch.equal(jagflash.flash_attn_varlen_func(*args, softcap=softcap),
+                       jagflash.flash_attn_varlen_func(*args, softcap=0.0))
+
+
+@pytest.mark.parametrize("softcap", [1e-50, 1e39, float("inf")])
+def test_softcap_float32_cannot_hold_is_named_in_fa2_s_terms(softcap):
+    message = _fa2_error(softcap=softcap)
+    assert re.fullmatch(r"softcap: expected a finite number > 0 that stays finite and non-zero in float32, or <= 0 "
+                        r"\(FA2's 0.0\) for no softcap, got " + re.escape(repr(softcap)), message), message

@@ -69,7 +69,10 @@ def test_score_mod_kind_names_the_modifiers():
 
 BAD_ARGUMENTS = [
     ({"score_mod": "relative_bias", "score_mod_table": torch.zeros(4, 4)}, jagflash.InvalidArgumentError,
-     r"score_mod_table_width: expected an odd width 2R \+ 1"),
+     r"^score_mod_table.shape\[1\]: expected an odd width 2R \+ 1 .*got 4$"),
+    ({"score_mod": "relative_bias", "score_mod_table": torch.zeros(4, 5).index_put_((torch.tensor(2), torch.tensor(3)),
+                                                                                    torch.tensor(float("inf")))},
+     jagflash.InvalidArgumentError, r"^score_mod_table\[2, 3\]: expected a finite number, got inf$"),
     ({"score_mod": "relative_bias", "score_mod_table": torch.zeros(3, 5)}, jagflash.InvalidArgumentError,
      r"^score_mod_table: expected float32 \(4, W\)"),
     ({"score_mod": "relative_bias", "score_mod_table": torch.zeros(4, 5, dtype=torch.float64)},

@@ -11,6 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
+from jagflash import ops
 from conftest import (MASKS, needs_cuda, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
                       offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
                       assert_compiled_matches_eager, modifier_batch, MODIFIER_Q_LENGTHS,
@@ -105,13 +106,33 @@ def test_no_grad_path_matches():
     assert_close("out", out, ref_out, TOLERANCES[batch.q.dtype][0], batch.seed)
 
 
-def test_slopes_get_no_gradient():
+SLOPES_GRAD = r"^jagflash: alibi_slopes requires grad, and jagflash computes no gradient .*alibi_slopes.detach\(\)"
+
+
+@pytest.mark.parametrize("entry", ["jagged_attention", "pooled_attention", "flash_attn_varlen_func", "op"])
+def test_slopes_that_require_grad_are_refused(entry):
+    """jagflash computes no gradient for the slopes: slopes that ask for one are refused (as a
+    table that does), not left with grad None while training on a silent zero."""
     batch = _batch(1046)
     slopes = _slopes(4).requires_grad_()
     q, k, v = batch.leaves()
-    out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, alibi_slopes=slopes)
-    out.backward(batch.dout)
+    calls = {
+        "jagged_attention": lambda s: jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets,
+                                                                alibi_slopes=s),
+        "pooled_attention": lambda s: jagflash.pooled_attention(q[:3], k, v, batch.kv_offsets, alibi_slopes=s),
+        "flash_attn_varlen_func": lambda s: jagflash.flash_attn_varlen_func(q, k, v, batch.q_offsets,
+                                                                            batch.kv_offsets, None, None,
+                                                                            alibi_slopes=s),
+        "op": lambda s: ops.fwd(q, k, v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                s)[0],
+    }
+    with pytest.raises(jagflash.UnsupportedError, match=SLOPES_GRAD):
+        calls[entry](slopes)
+    # Detached, or under no_grad, they are taken (and q still gets its gradient).
+    calls[entry](slopes.detach()).sum().backward()
     assert q.grad is not None and slopes.grad is None
+    with torch.no_grad():
+        calls[entry](slopes)
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
@@ -185,17 +206,28 @@ def test_flash_attn_varlen_func_refuses_per_sequence_slopes():
 
 
 BAD_ARGUMENTS = [
-    ({"softcap": -1.0}, r"^softcap: expected a finite number > 0, or None for no softcap, got -1.0$"),
+    ({"softcap": -1.0}, r"^softcap: expected a finite number > 0 that stays finite and non-zero in float32, or "
+                        r"None for no softcap, got -1.0$"),
+    # Values float32 (the C API's field) turns into 0 (none) or infinity: named as passed, in Python.
+    ({"softcap": 1e-50}, r"^softcap: expected a finite number > 0 that stays finite and non-zero in float32, "
+                         r".*got 1e-50$"),
+    ({"softcap": 1e39}, r"^softcap: expected a finite number > 0 that stays finite and non-zero in float32, "
+                        r".*got 1e\+39$"),
     ({"softcap": 0.0}, r"^softcap: expected a finite number > 0"),
     ({"softcap": float("inf")}, r"^softcap: expected a finite number > 0"),
     ({"softcap": float("nan")}, r"^softcap: expected a finite number > 0"),
-    ({"softcap": "30"}, r"^softcap: expected a finite number > 0, or None for no softcap, got '30'$"),
+    ({"softcap": "30"}, r"^softcap: expected a finite number > 0 .*, or None for no softcap, got '30'$"),
     ({"alibi_slopes": torch.ones(3)}, r"^alibi_slopes: expected float32 \(4,\) \(one slope per query head\) on cpu, "
                                       r"got torch.float32 \(3,\) on cpu$"),
     ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, r"^alibi_slopes: expected float32 \(4,\)"),
     ({"alibi_slopes": torch.ones(2, 4)}, r"^alibi_slopes: expected float32 \(4,\)"),
     ({"alibi_slopes": [1.0] * 4}, r"^alibi_slopes: expected float32 \(4,\) .*got list$"),
     ({"alibi_slopes": torch.ones(4), "softcap": 2.0}, r"^softcap: expected 0 with alibi_slopes"),
+    # Values that make every score they touch NaN: refused where they are read on the host (CPU).
+    ({"alibi_slopes": torch.tensor([0.5, float("nan"), 0.25, 0.125])},
+     r"^alibi_slopes\[1\]: expected a finite number, got nan$"),
+    ({"alibi_slopes": torch.tensor([0.5, 0.25, 0.125, float("-inf")])},
+     r"^alibi_slopes\[3\]: expected a finite number, got -inf$"),
 ]
 
 

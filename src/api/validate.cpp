@@ -137,6 +137,22 @@ std::array<ScoreModFieldValue, 4> score_mod_field_values(const jf_problem& p) {
   }};
 }
 
+// A modifier's float32 values (rows x columns, row-major) in host memory: each finite, since a NaN
+// or an infinity there makes every score it touches NaN (out NaN with no error). Read on the host
+// only: on the GPU it would cost a copy and a sync per call.
+void check_finite_host_values(const char* name, const float* values, int64_t rows, int64_t columns) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      const float value = values[r * columns + c];
+      if (std::isfinite(value)) continue;
+      std::ostringstream argument;
+      argument << name << "[" << r << "]";
+      if (columns > 1) argument << "[" << c << "]";
+      fail_argument(argument.str(), "a finite number", value);
+    }
+  }
+}
+
 // The score modifier's fields (core/score_mod.hpp): the kind's own as its check requires, every
 // other one unset (0, NULL), so a value given by mistake is never silently ignored. The kind has
 // been checked to be one of ScoreModTypes.
@@ -425,6 +441,21 @@ void check_offsets(const jf_problem& p, const jf_launch& l) {
                                    p.block_mask.bytes);
 }
 
+// On the CPU, the slopes' and the table's values (check_finite_host_values): read last, as the
+// offsets are, once every field has been checked (pointers, sizes), and never by the workspace
+// queries.
+void check_score_mod_values(const jf_problem& p) {
+  if (p.device != JF_DEVICE_CPU) return;
+  ScoreModTypes::visit(p.score_mod, [&](auto mod) {
+    using Mod = decltype(mod);
+    if ((Mod::kFields & kAlibiSlopesField) != 0)
+      check_finite_host_values("problem.alibi_slopes", p.alibi_slopes, p.q.heads, 1);
+    if ((Mod::kFields & kTableField) != 0)
+      check_finite_host_values("problem.score_mod_table", p.score_mod_table, p.q.heads,
+                               p.score_mod_table_width);
+  });
+}
+
 using NamedRanges = std::vector<std::pair<std::string, ByteRange>>;
 
 // Outputs must not overlap each other or any input: a kernel reading q while writing out over
@@ -686,6 +717,7 @@ void validate_forward(const jf_fwd_args& a, size_t workspace_needed, bool requir
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, forward_outputs(a), problem_inputs(a.problem));
     check_offsets(a.problem, a.launch);
+    check_score_mod_values(a.problem);
     check_no_earlier_device_error(a.problem);
   }
 }
@@ -696,6 +728,7 @@ void validate_backward(const jf_bwd_args& a, size_t workspace_needed, bool requi
     check_workspace(a.launch, a.problem, workspace_needed);
     check_workspace_disjoint(a.launch, workspace_needed, backward_outputs(a), backward_inputs(a));
     check_offsets(a.problem, a.launch);
+    check_score_mod_values(a.problem);
     check_no_earlier_device_error(a.problem);
   }
 }

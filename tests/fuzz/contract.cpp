@@ -139,7 +139,7 @@ class Judge {
 
   // The score modifier: a jf_score_mod value; with SOFTCAP a cap that is finite and > 0, else a
   // cap of 0; with ALIBI slopes that are non-null, float-aligned and (on the GPU) device memory,
-  // else NULL. The slopes' values are the caller's: any float is accepted.
+  // else NULL. Their values: slope_values.
   void score_mod(const jf_problem& p) {
     const int kind = enum_value(p.score_mod);
     if (!ScoreModTypes::contains(static_cast<jf_score_mod>(kind))) {
@@ -180,6 +180,21 @@ class Judge {
     } else if (p.alibi_slopes != nullptr) {
       add("problem.alibi_slopes", "NULL without JF_SCORE_MOD_ALIBI");
     }
+  }
+
+  // On the CPU the slopes' values must be finite. The library reads them last, once every other
+  // rule holds, so they are read here only then, and only where memory backs them (an unbacked
+  // call gets broken offsets, which the library reads first); a workspace query never reads them
+  // (a values rule, as the offsets').
+  void slope_values(const jf_problem& p) {
+    if (!verdict_.violations.empty() || device_ != JF_DEVICE_CPU ||
+        enum_value(p.score_mod) != JF_SCORE_MOD_ALIBI)
+      return;
+    for (int32_t h = 0; h < p.q.heads; ++h)
+      if (!std::isfinite(p.alibi_slopes[h])) {
+        add("problem.alibi_slopes", "finite values on the CPU", JF_ERR_INVALID_ARGUMENT, true);
+        return;
+      }
   }
 
   Span span(const jf_tensor& t) const {
@@ -307,7 +322,7 @@ std::string Verdict::list(bool query) const {
   return first ? "none" : s.str();
 }
 
-Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present) {
+Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present, bool backed) {
   Judge j(gpu_present);
   if (a == nullptr) j.add("args", "non-null");
   if (bytes_null) j.add("bytes", "non-null");
@@ -323,10 +338,11 @@ Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present) {
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
               {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
               {"problem.alibi_slopes", j.alibi_span(p)}});
+  if (backed) j.slope_values(p);
   return j.take();
 }
 
-Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present) {
+Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present, bool backed) {
   Judge j(gpu_present);
   if (a == nullptr) j.add("args", "non-null");
   if (bytes_null) j.add("bytes", "non-null");
@@ -350,6 +366,7 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present) 
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
               {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
               {"problem.alibi_slopes", j.alibi_span(p)}});
+  if (backed) j.slope_values(p);
   return j.take();
 }
 

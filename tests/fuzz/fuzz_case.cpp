@@ -453,7 +453,7 @@ void mutate_pooled(CaseSpec& s, Rng& rng) {
 
 // The score modifier (jf_problem.score_mod, softcap, alibi_slopes): a kind out of range, a kind
 // its parameters are not for, a cap that is not finite and positive, the slopes NULL, misaligned,
-// wild or inside another buffer, slope values validation never reads (any float is accepted), or
+// wild or inside another buffer, slope values that are not finite (refused on the CPU), or
 // (legally) a whole valid modifier.
 void mutate_score_mod(CaseSpec& s, Rng& rng) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -503,7 +503,8 @@ void mutate_score_mod(CaseSpec& s, Rng& rng) {
       } else {
         for (float& x : s.alibi_slopes) x = static_cast<float>(rng.range(-4000, 4000)) / 1000.0f;
       }
-      m << "problem.alibi_slopes values = " << floats_text(s.alibi_slopes) << " (validation reads none)";
+      m << "problem.alibi_slopes values = " << floats_text(s.alibi_slopes)
+        << " (read on the CPU: finite only)";
       break;
     default:
       if (rng.chance(50)) {

@@ -196,8 +196,9 @@ class CaseRunner {
 
   Verdict judge(const CaseSpec& spec, CallMemory& memory, bool bytes_null) const {
     if (spec.direction == Direction::kForward)
-      return judge_forward(spec.args_null ? nullptr : memory.fwd(), bytes_null, gpu_present_);
-    return judge_backward(spec.args_null ? nullptr : memory.bwd(), bytes_null, gpu_present_);
+      return judge_forward(spec.args_null ? nullptr : memory.fwd(), bytes_null, gpu_present_,
+                           memory.backed());
+    return judge_backward(spec.args_null ? nullptr : memory.bwd(), bytes_null, gpu_present_, memory.backed());
   }
 
   bool outcome(const char* what, jf_status status, const Verdict& verdict, bool query, Stats& stats) {
