@@ -16,7 +16,12 @@
   4. the instructions the design relies on are there: HGMMA, USETMAXREG, UTMALDG (TMA loads),
      MUFU.EX2 without the denormal fix-up around it (FSETP ... -126); in the backward also the
      bulk reduce-add of the dQ partials into the fp32 accumulator (cp.reduce.async.bulk: an
-     opcode starting with UBLKRED, or UTMAREDG for its tensor form).
+     opcode starting with UBLKRED, or UTMAREDG for its tensor form);
+  5. the backward's instruction budget (BUDGETS, by object name): its static instructions and
+     R2UR (general-to-uniform register moves; at most one or two a GEMM once the GEMMs'
+     descriptors live on the uniform datapath, where rebuilt in general registers they took four
+     an HGMMA) at or below what the default kernels hold now, so that what the loop has lost does
+     not come back unseen (issue 52: FA3's D = 128 backward holds 1,720 instructions, 49 R2UR).
 
 In hopper_fwd_* objects the functions named *forward_kernel* are checked; in hopper_bwd_* objects
 those named *backward_kernel* (the main kernel), never the preprocess/postprocess kernels, which
@@ -54,6 +59,17 @@ KINDS = {
     "hopper_fwd_": ("forward_kernel", False),
     "hopper_bwd_": ("backward_kernel", True),
 }
+# The budgets of the default backward kernels (either dtype): object name ending -> (static
+# instructions, R2UR) at most, in the main kernel: what they hold now, a ratchet towards FA3's
+# (cuobjdump of ../shared/peers/fa3's cubins: D = 128 1,720-2,888 instructions with 49-88 R2UR,
+# D = 64 2,848-3,576 with 55-75, over its variants). At D = 64 most R2UR are the loader's TMA
+# issues (one thread), not the consumers' GEMMs.
+BUDGETS = {
+    "hopper_bwd_bf16_hd128.cu.o": (6000, 100),
+    "hopper_bwd_fp16_hd128.cu.o": (6000, 100),
+    "hopper_bwd_bf16_hd64.cu.o": (4200, 140),
+    "hopper_bwd_fp16_hd64.cu.o": (4200, 140),
+}
 # Kernels of a backward object with no tensor-core code: never checked.
 SKIPPED = ("preprocess", "postprocess")
 
@@ -81,7 +97,13 @@ def consumer_range(opcodes):
     return alloc, dealloc
 
 
-def check_kernel(name, body, bulk_reduce=False):
+def budget_of(obj):
+    """The (instructions, R2UR) budget of an object's main kernel, or None."""
+    base = obj.rsplit("/", 1)[-1]
+    return next((b for suffix, b in BUDGETS.items() if base.endswith(suffix)), None)
+
+
+def check_kernel(name, body, bulk_reduce=False, budget=None):
     problems = []
     opcodes = [re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0] for ins in body]
     hgmma = sum(op.startswith("HGMMA") for op in opcodes)
@@ -110,10 +132,17 @@ def check_kernel(name, body, bulk_reduce=False):
         problems.append(f"{denormal_fixups} exp2 denormal fix-ups (FSETP x, -126): exp2f instead of ex2.approx.ftz")
     if bulk_reduce and not any(op.startswith(("UBLKRED", "UTMAREDG")) for op in opcodes):
         problems.append("no bulk reduce-add (UBLKRED/UTMAREDG): dQ partials not added by cp.reduce.async.bulk")
+    if budget is not None:
+        most, most_r2ur = budget
+        r2ur = sum(op.startswith("R2UR") for op in opcodes)
+        if len(opcodes) > most:
+            problems.append(f"{len(opcodes)} instructions, over the budget of {most}")
+        if r2ur > most_r2ur:
+            problems.append(f"{r2ur} R2UR, over the budget of {most_r2ur} (descriptors built in general registers?)")
     return hgmma, depbar, problems
 
 
-def check_listing(kind, sass, label):
+def check_listing(kind, sass, label, budget=None):
     """Checks the kernels of one object's listing: (checked, failed, report lines)."""
     checked = failed = 0
     lines = []
@@ -121,9 +150,11 @@ def check_listing(kind, sass, label):
         if not is_checked(kind, name):
             continue
         checked += 1
-        hgmma, depbar, problems = check_kernel(name, body, bulk_reduce=KINDS[kind][1])
+        hgmma, depbar, problems = check_kernel(name, body, bulk_reduce=KINDS[kind][1], budget=budget)
         status = "FAIL" if problems else "ok"
-        lines.append(f"{status:4s} {label} {name[:110]}: {hgmma} HGMMA, {depbar} DEPBAR"
+        r2ur = sum(1 for ins in body if re.sub(r"^@!?U?P\w+\s+", "", ins).startswith("R2UR"))
+        lines.append(f"{status:4s} {label} {name[:110]}: {hgmma} HGMMA, {depbar} DEPBAR, {len(body)} instructions, "
+                     f"{r2ur} R2UR"
                      + "".join(f"\n     - {p}" for p in problems))
         failed += bool(problems)
     return checked, failed, lines
@@ -189,6 +220,22 @@ def self_test():
         "backward no TMA": ([(main, [op for op in bwd_good if not op.startswith("UTMALDG")])], 1, 1),
         "backward object without its main kernel": ([(pre, light), (post, light)], 0, 0),
     }
+    # The budget: over it in instructions or in R2UR fails, at it passes.
+    budget_cases = {
+        "backward within its budget": (bwd_good, (len(bwd_good), 1), 0),
+        "backward over its instruction budget": (bwd_good, (len(bwd_good) - 1, 1), 1),
+        "backward over its R2UR budget": (bwd_good + ["R2UR UR8, R2", "@!P0 R2UR UR9, R3"], (100, 1), 1),
+    }
+    for label, (ops, budget, want_failed) in budget_cases.items():
+        checked, failed, lines = check_listing("hopper_bwd_", object_listing([(main, ops)]), label, budget)
+        if (checked, failed) != (1, want_failed):
+            print(f"self-test {label}: expected 1 checked / {want_failed} failed, got {checked} / {failed}"
+                  + "".join(f"\n  {line}" for line in lines))
+            ok = False
+    if budget_of("x/generated/hopper_bwd_fp16_hd128.cu.o") != BUDGETS["hopper_bwd_fp16_hd128.cu.o"] or \
+            budget_of("x/generated/hopper_bwd_bf16_hd128_softcap.cu.o") is not None:
+        print("self-test: budgets found for the wrong objects")
+        ok = False
     for label, (kernels, want_checked, want_failed) in bwd_cases.items():
         checked, failed, lines = check_listing("hopper_bwd_", object_listing(kernels), label)
         if (checked, failed) != (want_checked, want_failed):
@@ -228,7 +275,7 @@ def main(argv):
     for obj in objects:
         kind = kind_of(obj)
         sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, check=True, env=env).stdout
-        n, bad, lines = check_listing(kind, sass, obj.rsplit("/", 1)[-1])
+        n, bad, lines = check_listing(kind, sass, obj.rsplit("/", 1)[-1], budget=budget_of(obj))
         for line in lines:
             print(line)
         checked_by_kind[kind] = checked_by_kind.get(kind, 0) + n

@@ -677,6 +677,39 @@ TEST(SchedulerMaskPolicy, RangesMatchVisible) {
   }
 }
 
+// unmasked_q_blocks_of_kv_block (the backward's mask-free steps) against a brute force over the
+// pairs: a Q block is in the range exactly when its rows are inside the sequence, the KV block's
+// keys are, and every (row, key) pair is visible.
+TEST(SchedulerMaskPolicy, UnmaskedQBlocksMatchBruteForce) {
+  std::vector<NamedMask> masks = all_masks();
+  masks.push_back({"window 5,0", MaskPolicy::from(JF_MASK_WINDOW, 5, 0)});
+  masks.push_back({"window 70,3", MaskPolicy::from(JF_MASK_WINDOW, 70, 3)});
+  masks.push_back({"window 0,9", MaskPolicy::from(JF_MASK_WINDOW, 0, 9)});
+  int64_t full_blocks = 0;
+  for (const NamedMask& mask : masks) {
+    for (const auto& [lq, lk] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 16}, {16, 0}, {1, 1}, {8, 8}, {13, 13}, {64, 64}, {7, 40}, {40, 7}, {70, 33}, {33, 70}}) {
+      for (const auto& [tile_m, tile_n] :
+           std::vector<std::pair<int, int>>{{4, 8}, {8, 4}, {2, 2}, {64, 128}}) {
+        SCOPED_TRACE(mask.name + ", Lq " + std::to_string(lq) + ", Lk " + std::to_string(lk) + ", tiles " +
+                     std::to_string(tile_m) + "x" + std::to_string(tile_n));
+        for (int64_t n = 0; n * tile_n < lk + tile_n; ++n) {
+          const IndexRange got = mask.policy.unmasked_q_blocks_of_kv_block(n, tile_m, tile_n, lq, lk);
+          for (int64_t m = -1; m * tile_m < lq + tile_m; ++m) {
+            bool full = m >= 0 && (m + 1) * tile_m <= lq && (n + 1) * tile_n <= lk;
+            for (int64_t i = m * tile_m; full && i < (m + 1) * tile_m; ++i)
+              for (int64_t j = n * tile_n; full && j < (n + 1) * tile_n; ++j)
+                full = mask.policy.visible(i, j, lq, lk);
+            full_blocks += full ? 1 : 0;
+            ASSERT_EQ(full, m >= got.lo && m <= got.hi) << "KV block " << n << ", Q block " << m;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(full_blocks, 100);  // the cases hold full blocks, not only empty ranges
+}
+
 }  // namespace
 }  // namespace jagflash::schedule
 

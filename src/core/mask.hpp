@@ -146,6 +146,21 @@ struct MaskPolicy {
     return {lo / tile_m, hi / tile_m};
   }
 
+  // The query blocks whose every row sees every key of kv block n_block, all tile_n keys of it
+  // inside lk: the mask-free steps of the backward's loop over a KV block. The transpose of
+  // unmasked_kv_blocks_of_q_block: the keys' query ranges grow with the key, so the block must
+  // start at or after the last key's first query and end at or before the first key's last
+  // query (query_range is clipped to lq, so the block's rows are inside the sequence).
+  JF_HD IndexRange unmasked_q_blocks_of_kv_block(int64_t n_block, int tile_m, int tile_n, int64_t lq,
+                                                 int64_t lk) const {
+    const int64_t key_first = n_block * tile_n, key_last = key_first + tile_n - 1;
+    if (lq <= 0 || key_last > lk - 1) return {0, -1};
+    const IndexRange first = query_range(key_first, lq, lk);
+    const IndexRange last = query_range(key_last, lq, lk);
+    if (first.empty() || last.empty()) return {0, -1};
+    return {(last.lo + tile_m - 1) / tile_m, (first.hi + 1) / tile_m - 1};
+  }
+
   // Visible (query, key) pairs of a whole sequence: useful-FLOP counts.
   JF_HD int64_t visible_pairs(int64_t lq, int64_t lk) const {
     int64_t pairs = 0;

@@ -167,6 +167,10 @@ struct TileInfo {
   int32_t head_lo;  // the query heads of the tile: [head_lo, head_end), the whole group or a split of it
   int32_t head_end;
   int32_t split;  // which split of the group (0 when the group is not split)
+  // The Q blocks whose every row sees every key of the tile (MaskPolicy::
+  // unmasked_q_blocks_of_kv_block): their steps take no mask arithmetic at all.
+  int32_t m_full_lo;
+  int32_t m_full_hi;
 };
 
 // Where a dQ stage goes: written by the consumers with the stage, read by the dQ writer.

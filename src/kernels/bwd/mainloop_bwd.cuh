@@ -57,12 +57,15 @@ struct Consumer {
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmaDkv mma_dkv;
     typename Traits::TiledMmaDq mma_dq;
-    auto thr_sdp = mma_sdp.get_thread_slice(thread);
-    auto thr_dkv = mma_dkv.get_thread_slice(thread);
-    auto thr_dq = mma_dq.get_thread_slice(thread);
+    // A GEMM's shared-memory operands depend on the warpgroup alone: sliced by a warpgroup index
+    // the compiler knows to be uniform, their descriptors live in uniform registers.
+    const int wg_thread0 = __shfl_sync(0xffffffff, thread / 128, 0) * 128;
+    auto thr_sdp = mma_sdp.get_thread_slice(wg_thread0);
+    auto thr_dkv = mma_dkv.get_thread_slice(wg_thread0);
+    auto thr_dq = mma_dq.get_thread_slice(wg_thread0);
 
-    // The shared-memory operands, viewed afresh at each use (smem_views_bwd.cuh).
-    const SmemViews<Traits> views{smem};
+    // The shared-memory operands, from a base re-read at each step (smem_views_bwd.cuh).
+    SmemViews<Traits> views{smem};
 
     // S^T = K Q^T, dP^T = V dO^T: A (MMA, M, K) from K, V; B (MMA, N, K, stage) from Q, dO.
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -91,15 +94,16 @@ struct Consumer {
 
     // The step's GEMMs and releases. Each GEMM builds its shared-memory descriptors right before
     // it is issued (SmemViews).
-    auto issue_s_dp = [&](RingPosition<kStages> q_at) {  // S^T = K Q^T, dP^T = V dO^T, in flight
+    // S^T = K Q^T, dP^T = V dO^T, in flight (gemm_stage: q_at's stage, warp-uniform).
+    auto issue_s_dp = [&](RingPosition<kStages> q_at, uint32_t gemm_stage) {
       wait_full(smem.q_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.k()),
-          thr_sdp.partition_fragment_B(views.q())(_, _, _, q_at.stage()), tSrS);
+          thr_sdp.partition_fragment_B(views.q())(_, _, _, gemm_stage), tSrS);
       wait_full(smem.do_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.v()),
-          thr_sdp.partition_fragment_B(views.dout())(_, _, _, q_at.stage()), tSrDp);
+          thr_sdp.partition_fragment_B(views.dout())(_, _, _, gemm_stage), tSrDp);
     };
     auto issue_dq = [&](uint32_t ds_buf, bool upper_keys_seen) {  // dQ = dS K
       if (upper_keys_seen) {
@@ -141,6 +145,10 @@ struct Consumer {
     auto step = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t i, int32_t m) {
       const RingPosition<kStages> q_at{uses};  // the Q/dO ring
       const uint32_t stage = q_at.stage(), ds_buf = uses % Traits::kDsBuffers;
+      // The same for the GEMMs' descriptors, as values the compiler knows to be warp-uniform.
+      views.refresh();
+      const uint32_t gemm_uses = __shfl_sync(0xffffffff, uses, 0);
+      const uint32_t gemm_stage = gemm_uses % kStages, gemm_ds_buf = gemm_uses % Traits::kDsBuffers;
       const int32_t row0 = m * kBlockM;
       // A short sequence's last KV block may end within the tile's lower 64 keys: then
       // warpgroup 1 (the upper keys) skips S^T, dP^T, dS, dV and dK and dQ = dS K runs over
@@ -148,16 +156,16 @@ struct Consumer {
       // from a Q block would qualify too; the predicates it needed pushed the tile's round
       // counter into local memory at D = 128.)
       const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
-      const bool computes = thread < 128 || upper_keys_seen;
+      const bool computes = wg_thread0 == 0 || upper_keys_seen;
       // The tile's last dP GEMM frees V early; with a block-sparse map the last visible step is
       // not known ahead, so V is freed at the tile's end instead.
       const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
       if (computes) {
-        issue_s_dp(q_at);
+        issue_s_dp(q_at, gemm_stage);
         const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
         const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
         const float* delta_c = smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-        Math::scores_to_p(s_rc, dscore, p, t, h, row0, key0, coords, lse_c);
+        Math::scores_to_p(s_rc, dscore, p, t, h, m, row0, key0, coords, lse_c);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrDp);
         if (last_dp) release_v();  // the tile's last dP GEMM has read V: the next tile's may load
@@ -188,16 +196,16 @@ struct Consumer {
         // (bar.sync there and here was a divergent barrier to compute-sanitizer's synccheck).
         __syncwarp();
         common::named_barrier_sync_unaligned(1, 256);  // warpgroup 0's dS is in shared memory
-        issue_dq(ds_buf, upper_keys_seen);
+        issue_dq(gemm_ds_buf, upper_keys_seen);
         warpgroup_wait<0>();
         hand_over_dq();
         release_stage(stage);
       } else if constexpr (Traits::kHeadDim == 64) {
         // dQ first, then dV and dK.
         cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
-        issue_dq(ds_buf, upper_keys_seen);
-        issue_dv(stage);
-        issue_dk(stage);
+        issue_dq(gemm_ds_buf, upper_keys_seen);
+        issue_dv(gemm_stage);
+        issue_dk(gemm_stage);
         warpgroup_wait<2>();  // dQ is done; dV and dK may still run
         hand_over_dq();
         warpgroup_wait<0>();
@@ -205,15 +213,15 @@ struct Consumer {
       } else {
         // dV first, hiding the wait for the other warpgroup's dS; then dQ and dK (dQ first
         // after the barrier, with dV and dK behind it, spilled at D = 128).
-        issue_dv(stage);
+        issue_dv(gemm_stage);
         // Unaligned where warpgroup 1 may meet it in the branch above instead.
         if constexpr (kSkipIdleUpperKeys) {
           common::named_barrier_sync_unaligned(1, 256);  // both warpgroups' dS are in shared memory
         } else {
           cutlass::arch::NamedBarrier::sync(256, 1);
         }
-        issue_dq(ds_buf, upper_keys_seen);
-        issue_dk(stage);
+        issue_dq(gemm_ds_buf, upper_keys_seen);
+        issue_dk(gemm_stage);
         warpgroup_wait<1>();  // dV and dQ are done; dK may still run
         hand_over_dq();
         warpgroup_wait<0>();

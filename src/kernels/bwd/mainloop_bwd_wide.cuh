@@ -63,8 +63,8 @@ struct ConsumerWide {
     auto thr_dkv = mma_dkv.get_thread_slice(wg * 128);
     auto thr_dq = mma_dq.get_thread_slice(wg * 128);
 
-    // The shared-memory operands, viewed afresh at each use (smem_views_bwd.cuh).
-    const SmemViews<Traits> views{smem};
+    // The shared-memory operands, from a base re-read at each step (smem_views_bwd.cuh).
+    SmemViews<Traits> views{smem};
 
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
     Tensor tSrDp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -85,15 +85,16 @@ struct ConsumerWide {
     uint32_t uses = 0;  // Q blocks consumed: the Q/dO ring's and the dQ ring's position
     constexpr uint32_t kSlots = SharedStorage<Traits>::kTileSlots;
 
-    auto issue_s_dp = [&](RingPosition<kStages> q_at) {  // S^T = K Q^T, dP^T = V dO^T, in flight
+    // S^T = K Q^T, dP^T = V dO^T, in flight (gemm_stage: q_at's stage, warp-uniform).
+    auto issue_s_dp = [&](RingPosition<kStages> q_at, uint32_t gemm_stage) {
       wait_full(smem.q_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.k()),
-          thr_sdp.partition_fragment_B(views.q())(_, _, _, q_at.stage()), tSrS);
+          thr_sdp.partition_fragment_B(views.q())(_, _, _, gemm_stage), tSrS);
       wait_full(smem.do_full, q_at);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.v()),
-          thr_sdp.partition_fragment_B(views.dout())(_, _, _, q_at.stage()), tSrDp);
+          thr_sdp.partition_fragment_B(views.dout())(_, _, _, gemm_stage), tSrDp);
     };
     auto issue_dq = [&](int part) {  // dQ's columns [part x 2 kDqPartCols, +2 kDqPartCols) = dS K
       Tensor k_part = local_tile(views.kt(), Shape<Int<2 * kDqPartCols>, BlockN>{}, make_coord(part, _0{}));
@@ -117,13 +118,16 @@ struct ConsumerWide {
     auto step = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t i, int32_t m) {
       const RingPosition<kStages> q_at{uses};
       const uint32_t stage = q_at.stage();
+      // The GEMMs' descriptors from warp-uniform values (smem_views_bwd.cuh).
+      views.refresh();
+      const uint32_t gemm_stage = __shfl_sync(0xffffffffu, stage, 0);
       const int32_t row0 = m * kBlockM;
       const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
-      issue_s_dp(q_at);
+      issue_s_dp(q_at, gemm_stage);
       const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
       const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
       const float* delta_c = smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-      Math::scores_to_p(s_rc, dscore, p, t, h, row0, key0, coords, lse_c);
+      Math::scores_to_p(s_rc, dscore, p, t, h, m, row0, key0, coords, lse_c);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrDp);
       if (last_dp) {  // the tile's last dP GEMM has read V: the next tile's may load
@@ -144,8 +148,8 @@ struct ConsumerWide {
       // With one Q/dO stage the next Q block loads only once this one's are free: dK (the last
       // reader of Q) first and dV (of dO) next, each released as soon as it is done, so the
       // loads run under the dQ GEMMs.
-      issue_dk(stage);
-      issue_dv(stage);
+      issue_dk(gemm_stage);
+      issue_dv(gemm_stage);
       issue_dq(0);
       warpgroup_wait<2>();  // dK is done: Q is free
       warpgroup_fence_operand(tDKrDK);

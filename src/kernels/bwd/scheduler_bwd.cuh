@@ -61,6 +61,10 @@ __device__ __forceinline__ TileInfo decode_tile(const Params<Traits>& p, int32_t
   t.m_hi = static_cast<int32_t>(m.hi);
   const int32_t count = t.m_hi - t.m_lo + 1;
   t.m_first = p.rotated_q_order && count > 1 ? t.m_lo + t.n_block % count : t.m_lo;
+  const IndexRange full =
+      p.mask.unmasked_q_blocks_of_kv_block(t.n_block, Traits::kBlockM, Traits::kBlockN, t.len_q, t.len_kv);
+  t.m_full_lo = static_cast<int32_t>(full.lo);
+  t.m_full_hi = static_cast<int32_t>(full.hi);
   return t;
 }
 

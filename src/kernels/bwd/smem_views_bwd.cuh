@@ -1,7 +1,9 @@
 // The backward consumers' views of their shared-memory operands (mainloop_bwd.cuh,
-// mainloop_bwd_wide.cuh), each built at its use from a base the compiler must reload: the
-// operands' descriptors (64-bit, one per k-block) are then built right before each GEMM. Built
-// once before the tile loop, the ~90 of them stayed live across it and spilled.
+// mainloop_bwd_wide.cuh), built from a base address the consumer re-reads once a step
+// (refresh): through a warp shuffle, so that ptxas sees a warp-uniform value and builds the
+// operands' descriptors (64-bit, one per k-block) on the uniform datapath, advancing them by
+// uniform adds; and convergent, so that the compiler cannot hoist the descriptors out of the loop
+// (built once before the tile loop, the ~90 of them stayed live across it and spilled).
 #pragma once
 
 #include "kernels/bwd/kernel_traits_bwd.cuh"
@@ -13,11 +15,13 @@ namespace jagflash::kernels::bwd {
 template <class Traits>
 struct SmemViews {
   SharedStorage<Traits>& smem;
+  uint32_t base = 0;  // smem's shared-space address, as last re-read
 
+  __device__ __forceinline__ void refresh() {
+    base = __shfl_sync(0xffffffffu, static_cast<uint32_t>(__cvta_generic_to_shared(&smem)), 0);
+  }
   __device__ __forceinline__ SharedStorage<Traits>& fresh() const {
-    SharedStorage<Traits>* s = &smem;
-    asm volatile("" : "+l"(s));
-    return *s;
+    return *reinterpret_cast<SharedStorage<Traits>*>(__cvta_shared_to_generic(base));
   }
   // Q, dO (rows, head dim, stage) and as (head dim, rows, stage); K, V (keys, head dim) and K^T.
   __device__ __forceinline__ auto q() const { return view(fresh().q.data(), typename Traits::SmemLayoutQ{}); }

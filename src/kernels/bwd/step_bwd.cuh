@@ -41,22 +41,20 @@ struct StepMath {
   using Dscore = std::conditional_t<kKeepDscore, KeptDscore, NoDscore>;
 
   // S^T (s_rc, keys x query rows, as the accumulator's rows and columns) into P^T in place, for
-  // the block of query rows from row0 and keys from key0 of query head h; the S^T GEMM is the
+  // Q block m (query rows from row0) and keys from key0 of query head h; the S^T GEMM is the
   // older of the two in flight (the dP^T GEMM may still run). lse_c: this thread's first
   // column's lse.
   template <class Frag>
   __device__ __forceinline__ static void scores_to_p(Frag& s_rc, Dscore& dscore, const Params<Traits>& p,
-                                                     const TileInfo& t, int32_t h, int32_t row0, int32_t key0,
-                                                     const AccumulatorCoords& coords, const float* lse_c) {
+                                                     const TileInfo& t, int32_t h, int32_t m, int32_t row0,
+                                                     int32_t key0, const AccumulatorCoords& coords,
+                                                     const float* lse_c) {
     static_assert(decltype(size<0>(s_rc))::value == kRows && decltype(size<1>(s_rc))::value == kCols,
                   "the consumer's S^T fragment");
-    // Whether every (row, key) pair of the block is visible and inside both sequences: then no
-    // mask arithmetic at all (the bulk of a long sequence's blocks). Computed before the wait,
-    // while the GEMMs run.
-    const int32_t row_last = row0 + kBlockM - 1, key_last = key0 + kBlockN - 1;
-    const bool full_block = row_last < t.len_q && key_last < t.len_kv &&
-                            p.mask.key_range(row_last, t.len_q, t.len_kv).lo <= key0 &&
-                            p.mask.key_range(row0, t.len_q, t.len_kv).hi >= key_last;
+    // Whether every (row, key) pair of the block is visible and inside both sequences (the tile's
+    // range of such Q blocks, decoded with it): then no mask arithmetic at all, the bulk of a
+    // long sequence's blocks.
+    const bool full_block = m >= t.m_full_lo && m <= t.m_full_hi;
 
     cute::warpgroup_wait<1>();  // S^T is ready; dP^T may still run
     cute::warpgroup_fence_operand(s_rc);
