@@ -3,6 +3,7 @@
 #include <jagflash/jagflash.h>
 #include <jagflash/jagflash.hpp>
 
+#include "hopper_served.hpp"
 #include "reference/reference.hpp"
 #include "testing/host_batch.hpp"
 
@@ -193,6 +194,44 @@ TEST(CApi, BackendQueryOnTheCpu) {
             std::string::npos)
       << jagflash_last_error();
   EXPECT_EQ(served, JF_BACKEND_AUTO);
+}
+
+// jagflash_hopper_kernel: the registry's answer (the one the GPU tests ask through hopper_served.hpp),
+// asked of no device; 0 throughout in a build without the Hopper kernels.
+TEST(CApi, HopperKernelIsTheRegistrysAnswer) {
+  for (jf_direction d : {JF_DIRECTION_FORWARD, JF_DIRECTION_BACKWARD})
+    for (jf_dtype dtype : {JF_BF16, JF_FP16, JF_FP32})
+      for (int head_dim : {8, 64, 80, 128, 160, 192, 256, 264})
+        for (int v_head_dim : {0, 64})
+          for (jf_score_mod mod :
+               {JF_SCORE_MOD_NONE, JF_SCORE_MOD_SOFTCAP, JF_SCORE_MOD_ALIBI, JF_SCORE_MOD_RELATIVE_BIAS})
+            for (int sparse : {0, 1}) {
+              int32_t got = -1;
+              ASSERT_EQ(jagflash_hopper_kernel(d, dtype, head_dim, v_head_dim, mod, sparse, &got), JF_OK)
+                  << jagflash_last_error();
+              const testing::HopperCall call{dtype, head_dim, v_head_dim, mod, sparse != 0};
+              EXPECT_EQ(got, testing::registry_kernel_head_dim(d, call)) << testing::describe(call);
+            }
+  int32_t got = -1;
+  const int seven = 7;
+  jf_direction odd_direction{};
+  std::memcpy(&odd_direction, &seven, sizeof odd_direction);
+  EXPECT_EQ(jagflash_hopper_kernel(odd_direction, JF_BF16, 128, 0, JF_SCORE_MOD_NONE, 0, &got),
+            JF_ERR_INVALID_ARGUMENT);
+  jf_dtype odd_dtype{};
+  std::memcpy(&odd_dtype, &seven, sizeof odd_dtype);
+  EXPECT_EQ(jagflash_hopper_kernel(JF_DIRECTION_FORWARD, odd_dtype, 128, 0, JF_SCORE_MOD_NONE, 0, &got),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(jagflash_last_error()).find("dtype: expected JF_BF16, JF_FP16 or JF_FP32, got 7"),
+            std::string::npos)
+      << jagflash_last_error();
+  jf_score_mod odd_mod{};
+  std::memcpy(&odd_mod, &seven, sizeof odd_mod);
+  EXPECT_EQ(jagflash_hopper_kernel(JF_DIRECTION_FORWARD, JF_BF16, 128, 0, odd_mod, 0, &got),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(jagflash_hopper_kernel(JF_DIRECTION_FORWARD, JF_BF16, 128, 0, JF_SCORE_MOD_NONE, 0, nullptr),
+            JF_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(got, -1);  // nothing written on a failure
 }
 
 TEST(CApi, BackendNames) {

@@ -288,6 +288,16 @@ jf_status jagflash_query_backend(const jf_problem* problem, const jf_launch* lau
 jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* launch, jf_direction direction,
                                 jf_backend* served, int32_t* kernel_head_dim);
 
+/* The head dim of the Hopper kernel this build instantiates for a call of this dtype, q head dim,
+ * v head dim (0: q's), score modifier and block mask (block_sparse non-zero) in `direction`, into
+ * *kernel_head_dim: the one jagflash_query_kernel names on a compute capability 9.0 GPU (the
+ * narrowest at or above head_dim), or 0 when the build has none (JAGFLASH_PTX_ONLY, or a build
+ * trimmed by JAGFLASH_HOPPER_DTYPES or its head dim lists). What the build holds, asked of no
+ * device: a test may ask it before expecting the Hopper kernels. Not pooled. JF_ERR_INVALID_ARGUMENT
+ * for a direction, dtype or score modifier that is none of the enums' values. */
+jf_status jagflash_hopper_kernel(jf_direction direction, jf_dtype dtype, int32_t head_dim, int32_t v_head_dim,
+                                 jf_score_mod score_mod, int32_t block_sparse, int32_t* kernel_head_dim);
+
 /* "auto", "reference", "oracle" or "hopper"; "unknown" for any other value. */
 const char* jagflash_backend_name(jf_backend backend);
 

@@ -11,10 +11,54 @@ message. The ctypes descriptions below serve jagflash.backend() and that warning
 """
 import contextlib
 import re
+from typing import NamedTuple, Optional
 
 import torch
+from torch import Tensor
 
 from . import _backend, _capi, _errors, _lib, _offsets_check
+
+
+class Problem(NamedTuple):
+    """One attention call, built once by its caller (jagged_attention, pooled_attention, the
+    registry's kernels) and passed whole to forward / backward here. The custom ops
+    (torch.ops.jagflash.fwd / .bwd and the pooled ones) take these fields flat, in this order:
+    ops.py derives their schemas from this class, so a new argument is a new field here.
+
+    q [total_q, H, D], k [total_kv, H_kv, D], v [total_kv, H_kv, Dv]; q_offsets, kv_offsets int32
+    [B+1] on their device (pooled: q [Lq, H, D] shared by every sequence, q_offsets None). Then the
+    C API's scalars: jf_mask and its window (-1 unbounded), scale (0 = 1/sqrt(D), else finite and
+    non-zero in float32), the check_offsets mode ("auto", "host" or "device"), max_seqlen (0 or a
+    bound on every q and kv length, a kernel-choice hint), deterministic (the backward's dq bitwise
+    reproducible too; the forward always is). Then the score modifier: softcap (0 = none),
+    alibi_slopes (None or float32 [H]), score_mod and score_mod_table (0 and None, or the jf_score_mod
+    of a modifier with a table and that table, float32 [H, W]); one at a time, not differentiable.
+    block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]): the block-sparse map
+    (jf_block_mask), both None for none; not pooled."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_offsets: Tensor
+    kv_offsets: Tensor
+    mask: int
+    window_left: int
+    window_right: int
+    scale: float
+    check_offsets: str
+    max_seqlen: int = 0
+    deterministic: bool = False
+    softcap: float = 0.0
+    alibi_slopes: Optional[Tensor] = None
+    block_mask_blocks: Optional[Tensor] = None
+    block_mask_offsets: Optional[Tensor] = None
+    score_mod: int = 0
+    score_mod_table: Optional[Tensor] = None
+
+    @property
+    def modified(self):
+        """Whether a score modifier applies (the head dims served depend on it)."""
+        return self.softcap != 0 or self.alibi_slopes is not None or self.score_mod != 0
 
 _DTYPES = {torch.bfloat16: _capi.BF16, torch.float16: _capi.FP16, torch.float32: _capi.FP32}
 # The GPU path loads with TMA: bases and strides must be multiples of 16 bytes.
@@ -311,29 +355,23 @@ def _pooled_ops():
 _noted = set()
 
 
-def _note_cuda_call(direction, q, k, v, q_offsets, kv_offsets, device, pooled=False, block_mask=(None, None)):
+def _note_cuda_call(direction, problem, pooled=False):
     """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend). pooled:
-    q is a pooled query set (kv_offsets alone give the batch; q_offsets is kv_offsets).
-    block_mask: the call's (blocks, offsets), which the choice of path depends on."""
+    q is a pooled query set (kv_offsets alone give the batch). The block mask is part of the
+    question, as the choice of path depends on it; the mask, scale and score modifier are not."""
     if _backend._warned:
         return
-    blocks, block_offsets = block_mask
-    key = (direction, q.dtype, q.shape[2], device.index, pooled, blocks is not None)
+    q = problem.q
+    device = q.device
+    key = (direction, q.dtype, q.shape[2], device.index, pooled, problem.block_mask_blocks is not None)
     if key in _noted:
         return
     _noted.add(key)
-    q, k, v = _prepared(q), _prepared(k), _prepared(v)
+    bare = problem._replace(q=_prepared(q), k=_prepared(problem.k), v=_prepared(problem.v), mask=_capi.MASK_NONE,
+                            window_left=-1, window_right=-1, scale=0.0, softcap=0.0, alibi_slopes=None, score_mod=0,
+                            score_mod_table=None)
     args_type = _capi.BwdArgs if direction == _backend.DIRECTION_BACKWARD else _capi.FwdArgs
-    problem = _problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
-    if pooled:
-        problem.q_offsets = None
-        problem.pooled_q_rows = q.shape[0]
-    if blocks is not None:
-        # An empty map is still a map: as the binding does, blocks then points at the offsets (torch
-        # may give an empty tensor no address, and NULL blocks beside offsets is a half-given mask).
-        blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
-        problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
-    args = args_type(problem=problem, launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
+    args = args_type(problem=describe(bare, pooled=pooled), launch=_capi.Launch(backend=_capi.BACKEND_AUTO))
     with _device_guard(device):
         _backend.note_cuda_call(args, device)
 
@@ -346,73 +384,74 @@ def _dense_slopes(alibi_slopes):
     return alibi_slopes.contiguous()
 
 
-def _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes, score_mod, score_mod_table):
-    check_inputs(q, k, v, q_offsets, kv_offsets)
-    check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
+def _checked_extras(problem, pooled=False):
+    """problem with its score modifier and block mask checked in the ops' terms (check_score_mod,
+    check_block_mask) and the modifier's tensors made dense; problem itself when it has neither."""
+    if problem.softcap or problem.alibi_slopes is not None or problem.score_mod or \
+            problem.score_mod_table is not None:
+        check_score_mod(problem.q, problem.softcap, problem.alibi_slopes, problem.score_mod, problem.score_mod_table)
+        problem = problem._replace(alibi_slopes=_dense_slopes(problem.alibi_slopes),
+                                   score_mod_table=_dense_slopes(problem.score_mod_table))
+    if not pooled and (problem.block_mask_blocks is not None or problem.block_mask_offsets is not None):
+        check_block_mask(problem.q, problem.q_offsets, problem.block_mask_blocks, problem.block_mask_offsets)
+    return problem
 
 
-def forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
-            softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None, score_mod=0,
-            score_mod_table=None):
-    """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32). max_seqlen: 0 or an upper
-    bound on every q and kv length (a kernel-choice hint, see jf_launch.max_seqlen_hint). softcap (0 = none),
-    alibi_slopes (None or float32 [H]), score_mod and score_mod_table (0 and None, or a modifier with
-    a table: check_score_mod): the score modifier. block_mask_blocks (uint8) and
-    block_mask_offsets (int32 [B+1]): the block-sparse map (jf_block_mask), both None for none."""
+def _recheck(problem, pooled=False, backward=None):
+    """The input checks that word a failed binding check (see _translated). backward: the call's
+    (dout, out, lse), whose shapes are checked too."""
+    p = problem
+    if pooled and backward:
+        check_pooled_backward_inputs(backward[0], p.q, p.k, p.v, backward[1], backward[2], p.kv_offsets)
+    elif pooled:
+        check_pooled_inputs(p.q, p.k, p.v, p.kv_offsets)
+    elif backward:
+        check_backward_inputs(backward[0], p.q, p.k, p.v, backward[1], backward[2], p.q_offsets, p.kv_offsets)
+    else:
+        check_inputs(p.q, p.k, p.v, p.q_offsets, p.kv_offsets)
+    check_score_mod(p.q, p.softcap, p.alibi_slopes, p.score_mod, p.score_mod_table)
+    if not pooled:
+        check_block_mask(p.q, p.q_offsets, p.block_mask_blocks, p.block_mask_offsets)
+
+
+def forward(problem):
+    """out [total_q, H, Dv] (q's dtype, v's head dim) and lse [H, total_q] (float32) of a Problem
+    (its deterministic is the backward's: the forward always is)."""
     fwd_op = _fwd_op or _ops()[0]
-    device = q.device
-    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
-        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        alibi_slopes = _dense_slopes(alibi_slopes)
-        score_mod_table = _dense_slopes(score_mod_table)
-    if block_mask_blocks is not None or block_mask_offsets is not None:
-        check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
+    p = _checked_extras(problem)
+    device = p.q.device
     try:
-        out, lse, workspace = fwd_op(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale,
-                                     _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
-                                     alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, score_mod_table)
+        out, lse, workspace = fwd_op(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, p.mask, p.window_left,
+                                     p.window_right, p.scale, _offsets_check.launch_value(p.check_offsets, device),
+                                     p.max_seqlen, p.softcap, p.alibi_slopes, p.block_mask_blocks,
+                                     p.block_mask_offsets, p.score_mod, p.score_mod_table)
     except RuntimeError as error:
-        def recheck():
-            _recheck(q, k, v, q_offsets, kv_offsets, softcap, alibi_slopes, score_mod, score_mod_table)
-            check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
-        raise _translated(error, recheck) from None
-    _offsets_check.remember("forward", check_mode, workspace)
+        raise _translated(error, lambda: _recheck(p)) from None
+    _offsets_check.remember("forward", p.check_offsets, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, q_offsets, kv_offsets, device,
-                        block_mask=(block_mask_blocks, block_mask_offsets))
+        _note_cuda_call(_backend.DIRECTION_FORWARD, p)
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_mode,
-             max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
-             block_mask_offsets=None, score_mod=0, score_mod_table=None):
-    """dq, dk, dv in the inputs' dtype and shapes (dout [.., Dv] like out); with GQA dk/dv sum
-    over each group's query heads.
+def backward(problem, out, lse, dout):
+    """dq, dk, dv in the inputs' dtype and shapes of the Problem whose forward gave out and lse
+    (dout [.., Dv] like out); with GQA dk/dv sum over each group's query heads. The problem's
     deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
-    always are). The block mask: the forward's (see forward)."""
+    always are)."""
     bwd_op = _bwd_op or _ops()[1]
-    device = q.device
-    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
-        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        alibi_slopes = _dense_slopes(alibi_slopes)
-        score_mod_table = _dense_slopes(score_mod_table)
-    if block_mask_blocks is not None or block_mask_offsets is not None:
-        check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
+    p = _checked_extras(problem)
+    device = p.q.device
     try:
-        dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left,
-                                       window_right, scale, _offsets_check.launch_value(check_mode, device),
-                                       max_seqlen, bool(deterministic), softcap, alibi_slopes, block_mask_blocks,
-                                       block_mask_offsets, score_mod, score_mod_table)
+        dq, dk, dv, workspace = bwd_op(dout, p.q, p.k, p.v, out, lse, p.q_offsets, p.kv_offsets, p.mask,
+                                       p.window_left, p.window_right, p.scale,
+                                       _offsets_check.launch_value(p.check_offsets, device), p.max_seqlen,
+                                       bool(p.deterministic), p.softcap, p.alibi_slopes, p.block_mask_blocks,
+                                       p.block_mask_offsets, p.score_mod, p.score_mod_table)
     except RuntimeError as error:
-        def recheck():
-            check_backward_inputs(dout, q, k, v, out, lse, q_offsets, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-            check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
-        raise _translated(error, recheck) from None
-    _offsets_check.remember("backward", check_mode, workspace)
+        raise _translated(error, lambda: _recheck(p, backward=(dout, out, lse))) from None
+    _offsets_check.remember("backward", p.check_offsets, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, q_offsets, kv_offsets, device,
-                        block_mask=(block_mask_blocks, block_mask_offsets))
+        _note_cuda_call(_backend.DIRECTION_BACKWARD, p)
     return dq, dk, dv
 
 
@@ -476,56 +515,69 @@ def _problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sc
     )
 
 
+def describe(problem, pooled=False):
+    """The jf_problem of a Problem whose q, k and v the C API reads in place (_prepared), score
+    modifier and block mask included; pooled: q is a pooled query set (no q_offsets). The struct
+    holds bare pointers: the problem's tensors must outlive it."""
+    q, kv_offsets = problem.q, problem.kv_offsets
+    c_problem = _problem(q, problem.k, problem.v, kv_offsets if pooled else problem.q_offsets, kv_offsets,
+                         problem.mask, problem.window_left, problem.window_right, problem.scale)
+    if pooled:
+        c_problem.q_offsets = None
+        c_problem.pooled_q_rows = q.shape[0]
+    if problem.alibi_slopes is not None:
+        c_problem.score_mod, c_problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, problem.alibi_slopes.data_ptr()
+    elif problem.softcap:
+        c_problem.score_mod, c_problem.softcap = _capi.SCORE_MOD_SOFTCAP, problem.softcap
+    elif problem.score_mod:
+        c_problem.score_mod, c_problem.score_mod_table = problem.score_mod, problem.score_mod_table.data_ptr()
+        c_problem.score_mod_table_width = problem.score_mod_table.shape[1]
+    blocks, block_offsets = problem.block_mask_blocks, problem.block_mask_offsets
+    if blocks is not None:
+        # An empty map is still a map: as the binding does, blocks then points at the offsets (torch
+        # may give an empty tensor no address, and NULL blocks beside offsets is a half-given mask).
+        blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
+        c_problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
+    return c_problem
+
+
 def _device_guard(device):
     """The C library works on the current CUDA device: make it the tensors' one."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_mode, max_seqlen=0,
-                   softcap=0.0, alibi_slopes=None, score_mod=0, score_mod_table=None):
-    """Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by the B sequences of
-    kv_offsets; out [B*Lq, H, Dv] (q's dtype), lse [H, B*Lq] (float32)."""
+def pooled_forward(problem):
+    """Pooled attention (jf_problem.pooled_q_rows) of a Problem without q_offsets or block mask:
+    q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv] (q's dtype), lse
+    [H, B*Lq] (float32)."""
     fwd_op = _pooled_ops()[0]
-    device = q.device
-    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
-        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        alibi_slopes = _dense_slopes(alibi_slopes)
-        score_mod_table = _dense_slopes(score_mod_table)
+    p = _checked_extras(problem, pooled=True)
+    device = p.q.device
     try:
-        out, lse, workspace = fwd_op(q, k, v, kv_offsets, mask, window_left, window_right, scale,
-                                     _offsets_check.launch_value(check_mode, device), max_seqlen, softcap,
-                                     alibi_slopes, score_mod, score_mod_table)
+        out, lse, workspace = fwd_op(p.q, p.k, p.v, p.kv_offsets, p.mask, p.window_left, p.window_right, p.scale,
+                                     _offsets_check.launch_value(p.check_offsets, device), p.max_seqlen, p.softcap,
+                                     p.alibi_slopes, p.score_mod, p.score_mod_table)
     except RuntimeError as error:
-        def recheck():
-            check_pooled_inputs(q, k, v, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        raise _translated(error, recheck) from None
-    _offsets_check.remember("forward", check_mode, workspace)
+        raise _translated(error, lambda: _recheck(p, pooled=True)) from None
+    _offsets_check.remember("forward", p.check_offsets, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_FORWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)
+        _note_cuda_call(_backend.DIRECTION_FORWARD, p, pooled=True)
     return out, lse
 
 
-def pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_mode,
-                    max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0,
-                    score_mod_table=None):
+def pooled_backward(problem, out, lse, dout):
     """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype."""
     bwd_op = _pooled_ops()[1]
-    device = q.device
-    if softcap or alibi_slopes is not None or score_mod or score_mod_table is not None:
-        check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        alibi_slopes = _dense_slopes(alibi_slopes)
-        score_mod_table = _dense_slopes(score_mod_table)
+    p = _checked_extras(problem, pooled=True)
+    device = p.q.device
     try:
-        dq, dk, dv, workspace = bwd_op(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
-                                       _offsets_check.launch_value(check_mode, device), max_seqlen,
-                                       bool(deterministic), softcap, alibi_slopes, score_mod, score_mod_table)
+        dq, dk, dv, workspace = bwd_op(dout, p.q, p.k, p.v, out, lse, p.kv_offsets, p.mask, p.window_left,
+                                       p.window_right, p.scale, _offsets_check.launch_value(p.check_offsets, device),
+                                       p.max_seqlen, bool(p.deterministic), p.softcap, p.alibi_slopes, p.score_mod,
+                                       p.score_mod_table)
     except RuntimeError as error:
-        def recheck():
-            check_pooled_backward_inputs(dout, q, k, v, out, lse, kv_offsets)
-            check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-        raise _translated(error, recheck) from None
-    _offsets_check.remember("backward", check_mode, workspace)
+        raise _translated(error, lambda: _recheck(p, pooled=True, backward=(dout, out, lse))) from None
+    _offsets_check.remember("backward", p.check_offsets, workspace)
     if device.type == "cuda":
-        _note_cuda_call(_backend.DIRECTION_BACKWARD, q, k, v, kv_offsets, kv_offsets, device, pooled=True)
+        _note_cuda_call(_backend.DIRECTION_BACKWARD, p, pooled=True)
     return dq, dk, dv

@@ -53,6 +53,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         ),
         "jagflash_cuda_device_count": ([], ctypes.c_int),
         "jagflash_score_mod_by_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "jagflash_hopper_kernel": (
+            [_capi.c_enum, _capi.c_enum, ctypes.c_int32, ctypes.c_int32, _capi.c_enum, ctypes.c_int32,
+             p(ctypes.c_int32)],
+            _capi.c_enum,
+        ),
     }
     for name, (argtypes, restype) in signatures.items():
         fn = getattr(lib, name)

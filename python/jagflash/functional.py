@@ -430,19 +430,19 @@ def jagged_attention(
         ops.refuse_modifier_gradient(alibi_slopes, None)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
     table_kind = 0 if score_mod is None and score_mod_table is None else _table_score_mod(score_mod, score_mod_table)
-    args = (q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-            _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes, blocks,
-            block_offsets, table_kind, score_mod_table)
+    problem = _launch.Problem(q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
+                              _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap,
+                              alibi_slopes, blocks, block_offsets, table_kind, score_mod_table)
     try:
         # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
         if ops.eager_fast_path_allowed(q, k, v):
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                out, lse = ops.eager_attention(*args)
+                out, lse = ops.eager_attention(problem)
             else:
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
-                out, lse = _launch.forward(*args[:11], *args[12:])
+                out, lse = _launch.forward(problem)
         else:
-            out, lse = ops.fwd(*args)
+            out, lse = ops.fwd(*problem)  # the custom op takes the problem's fields flat
     except JagflashError as error:
         raise _in_caller_terms(error, (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)),
                                kv_offsets_given=kv_offsets is not None) from None
@@ -627,10 +627,12 @@ def pooled_attention(
     if alibi_slopes is not None:
         ops.refuse_modifier_gradient(alibi_slopes, None)
     try:
-        out, lse = ops.pooled_fwd(q, k_values, v_values, kv_offsets_i32, mask, window_left, window_right,
-                                  _scale(scale), _offsets_check.resolve(check_offsets), 0,
-                                  _deterministic(deterministic), _softcap(softcap), alibi_slopes,
-                                  _table_score_mod(score_mod, score_mod_table), score_mod_table)
+        problem = _launch.Problem(q, k_values, v_values, None, kv_offsets_i32, mask, window_left,
+                                  window_right, _scale(scale), _offsets_check.resolve(check_offsets),
+                                  deterministic=_deterministic(deterministic), softcap=_softcap(softcap),
+                                  alibi_slopes=alibi_slopes, score_mod=_table_score_mod(score_mod, score_mod_table),
+                                  score_mod_table=score_mod_table)
+        out, lse = ops.pooled_fwd(*ops.pooled_args(problem))
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v) if nested else None
         if cause is None:
@@ -668,28 +670,17 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     cap = _softcap(softcap)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets)
     table_kind = _table_score_mod(score_mod, score_mod_table)
-    _launch.check_head_dims(q, k, v, backward=backward,
-                            modified=cap != 0 or alibi_slopes is not None or table_kind != 0,
-                            blocked=blocks is not None)
+    problem = _launch.Problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0, "auto", softcap=cap,
+                              alibi_slopes=alibi_slopes, block_mask_blocks=blocks, block_mask_offsets=block_offsets,
+                              score_mod=table_kind, score_mod_table=score_mod_table)
+    _launch.check_head_dims(q, k, v, backward=backward, modified=problem.modified, blocked=blocks is not None)
     _launch.check_score_mod(q, cap, alibi_slopes, table_kind, score_mod_table)
-    q, k, v = _launch._prepared(q), _launch._prepared(k), _launch._prepared(v)
-    problem = _launch._problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0)
-    if alibi_slopes is not None:
-        problem.score_mod, problem.alibi_slopes = _capi.SCORE_MOD_ALIBI, alibi_slopes.data_ptr()
-    elif cap:
-        problem.score_mod, problem.softcap = _capi.SCORE_MOD_SOFTCAP, cap
-    elif table_kind:
-        problem.score_mod, problem.score_mod_table = table_kind, score_mod_table.data_ptr()
-        problem.score_mod_table_width = score_mod_table.shape[1]
-    if blocks is not None:
-        # An empty map (no bytes) points at its offsets, as the binding passes it (never half a mask).
-        blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
-        problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
+    problem = problem._replace(q=_launch._prepared(q), k=_launch._prepared(k), v=_launch._prepared(v))
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
+    direction = _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD
     try:
         with _launch._device_guard(q.device):
-            served, kernel_head_dim = _backend.query_kernel(
-                problem, launch, _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD)
+            served, kernel_head_dim = _backend.query_kernel(_launch.describe(problem), launch, direction)
     except JagflashError as error:
         raise _in_caller_terms(error, ()) from None
     return _backend.Backend(_backend.name(served), kernel_head_dim)

@@ -1,17 +1,16 @@
 """The PyTorch custom ops torch.ops.jagflash.fwd / .bwd (and .pooled_fwd / .pooled_bwd): real kernels (the C library), fake
 kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
 
-Both ops take int32 offsets on the tensors' device and plain scalars (jf_mask, window, scale with
-0 = 1/sqrt(D) and any other value finite and non-zero in float32, the check_offsets mode "auto",
-"host" or "device", the max_seqlen hint, deterministic), then the score modifier (softcap: 0 = none;
-alibi_slopes: None or float32 [H], not differentiable), last (fwd and bwd only) the block-sparse map
-(block_mask_blocks uint8, block_mask_offsets int32 [B+1], both None for none; not differentiable,
-the backward gets the forward's), and return fresh
-contiguous tensors. They read no tensor value on the host, so a compiled graph holds them with no
-break and no sync of its own; "auto" offsets checking is decided when the op runs, so a
-CUDA-graph capture gets the device check. Their gradients cannot be differentiated again: a
-double backward raises UnsupportedError.
+The ops take the fields of one _launch.Problem, flat and in its order (torch.library custom ops take
+tensors and scalars only; their schemas are derived from the class below, so a new argument is a
+field there): int32 offsets on the tensors' device, plain scalars, the score modifier and the
+block-sparse map (the pooled ops: no q_offsets and no map). The backward ops take dout first and
+the forward's out and lse after v. They return fresh contiguous tensors. They read no tensor value
+on the host, so a compiled graph holds them with no break and no sync of its own; "auto" offsets
+checking is decided when the op runs, so a CUDA-graph capture gets the device check. Their
+gradients cannot be differentiated again: a double backward raises UnsupportedError.
 """
+import inspect
 from typing import Optional, Tuple
 
 import torch
@@ -19,119 +18,129 @@ from torch import Tensor
 
 from . import _capi, _launch
 from ._errors import UnsupportedError
+from ._launch import Problem
+
+# Pooled attention (jf_problem.pooled_q_rows) shares one query set among the sequences: no
+# q_offsets, and no block mask (the C library serves none there).
+_POOLED_FIELDS = tuple(f for f in Problem._fields if f not in ("q_offsets", "block_mask_blocks", "block_mask_offsets"))
+# The fields that hold tensors: saved for the backward (ctx.save_for_backward), so one changed in
+# place in between raises torch's "modified by an inplace operation" instead of giving the
+# gradients of other sequences, another map or other modifier values.
+_TENSOR_FIELDS = tuple(i for i, (name, kind) in enumerate(Problem.__annotations__.items())
+                       if kind in (Tensor, Optional[Tensor]))
+_NO_TENSORS = dict.fromkeys(Problem._fields[i] for i in _TENSOR_FIELDS)
 
 
-@torch.library.custom_op("jagflash::fwd", mutates_args=())
-def fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_offsets: Tensor,
-    kv_offsets: Tensor,
-    mask: int,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    check_offsets: str,
-    max_seqlen: int = 0,
-    deterministic: bool = False,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-    block_mask_blocks: Optional[Tensor] = None,
-    block_mask_offsets: Optional[Tensor] = None,
-    score_mod: int = 0,
-    score_mod_table: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32. The lse is always produced: the
-    backward needs it. max_seqlen: 0 (unknown) or a bound on every q and kv length, a hint for
-    the choice of kernel. deterministic: for the backward (the forward always is), which gets it
-    with the other scalars. softcap, alibi_slopes: the score modifier. block_mask_blocks,
-    block_mask_offsets: the block-sparse map (jagflash.BlockMask's blocks and offsets). score_mod,
-    score_mod_table: a modifier that reads a table (its jf_score_mod, float32 [H, W]), 0 and None for
-    none; not differentiable."""
-    return _launch.forward(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                           max_seqlen, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod,
-                           score_mod_table)
+def _schema(fields: Tuple[str, ...], backward: bool = False) -> str:
+    """An op's schema: Problem's `fields` as its arguments, typed and defaulted as Problem declares
+    them; a backward op's dout first and the forward's out and lse after v."""
+    declared = inspect.signature(Problem).parameters
+    arguments = [declared[name] for name in fields]
+    returns = Tuple[Tensor, Tensor]
+    if backward:
+        def tensor(name):
+            return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Tensor)
+        arguments = [tensor("dout"), *arguments[:3], tensor("out"), tensor("lse"), *arguments[3:]]
+        returns = Tuple[Tensor, Tensor, Tensor]
+
+    def prototype(*args):
+        pass
+
+    prototype.__signature__ = inspect.Signature(arguments, return_annotation=returns)  # type: ignore[attr-defined]
+    return torch.library.infer_schema(prototype, mutates_args=())
+
+
+def pooled_args(problem: Problem) -> tuple:
+    """A pooled Problem as the pooled ops take it."""
+    return tuple(getattr(problem, name) for name in _POOLED_FIELDS)
+
+
+def _pooled_problem(args: tuple) -> Problem:
+    return Problem(q_offsets=None, **dict(zip(_POOLED_FIELDS, args)))
+
+
+def _backward_args(forward_args: tuple, out: Tensor, lse: Tensor, dout: Tensor) -> tuple:
+    """A backward op's arguments from its forward op's."""
+    return (dout, *forward_args[:3], out, lse, *forward_args[3:])
+
+
+def _forward_args(backward_args: tuple) -> Tuple[tuple, Tensor, Tensor, Tensor]:
+    """(forward op's arguments, out, lse, dout) from a backward op's (_backward_args undone)."""
+    return backward_args[1:4] + backward_args[6:], backward_args[4], backward_args[5], backward_args[0]
+
+
+def _check_fake(problem: Problem, backward: bool = False, pooled: bool = False) -> None:
+    """What the real kernels check before reading anything, for the fake kernels: a traced call
+    fails where an eager one would."""
+    q, k, v = problem.q, problem.k, problem.v
+    if pooled:
+        _launch.check_pooled_inputs(q, k, v, problem.kv_offsets)
+    else:
+        _launch.check_inputs(q, k, v, problem.q_offsets, problem.kv_offsets)
+    _launch.check_head_dims(q, k, v, backward=backward, modified=problem.modified,
+                            blocked=problem.block_mask_blocks is not None, pooled=pooled)
+    _launch.check_op_scalars(problem.scale, problem.check_offsets)
+    _launch.check_score_mod(q, problem.softcap, problem.alibi_slopes, problem.score_mod, problem.score_mod_table)
+    if not pooled:
+        _launch.check_block_mask(q, problem.q_offsets, problem.block_mask_blocks, problem.block_mask_offsets)
+
+
+@torch.library.custom_op("jagflash::fwd", mutates_args=(), schema=_schema(Problem._fields))
+def fwd(*args):
+    """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32 of the Problem these are
+    the fields of. The lse is always produced: the backward needs it."""
+    return _launch.forward(Problem(*args))
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-              deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None, block_mask_offsets=None,
-              score_mod=0, score_mod_table=None):
-    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
-                            blocked=block_mask_blocks is not None)
-    _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-    _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
+def _fwd_fake(*args):
+    problem = Problem(*args)
+    _check_fake(problem)
+    q = problem.q
     total_q, heads, _ = q.shape
-    return q.new_empty((total_q, heads, v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
+    return q.new_empty((total_q, heads, problem.v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("jagflash::bwd", mutates_args=())
-def bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    q_offsets: Tensor,
-    kv_offsets: Tensor,
-    mask: int,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    check_offsets: str,
-    max_seqlen: int = 0,
-    deterministic: bool = False,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-    block_mask_blocks: Optional[Tensor] = None,
-    block_mask_offsets: Optional[Tensor] = None,
-    score_mod: int = 0,
-    score_mod_table: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op("jagflash::bwd", mutates_args=(), schema=_schema(Problem._fields, backward=True))
+def bwd(*args):
     """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
-    [total_q, H, Dv]); deterministic: dq bitwise reproducible too (dk and dv always are). The block
-    mask: the forward's."""
-    return _launch.backward(
-        dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-        max_seqlen, deterministic, softcap, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod,
-        score_mod_table,
-    )
+    [total_q, H, Dv]); the problem's deterministic: dq bitwise reproducible too (dk and dv always
+    are). The block mask: the forward's."""
+    forward_args, out, lse, dout = _forward_args(args)
+    return _launch.backward(Problem(*forward_args), out, lse, dout)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-              max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, block_mask_blocks=None,
-              block_mask_offsets=None, score_mod=0, score_mod_table=None):
-    _launch.check_inputs(q, k, v, q_offsets, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True,
-                            modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
-                            blocked=block_mask_blocks is not None)
-    _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
-    _launch.check_block_mask(q, q_offsets, block_mask_blocks, block_mask_offsets)
+def _bwd_fake(*args):
+    forward_args, _, _, _ = _forward_args(args)
+    problem = Problem(*forward_args)
+    _check_fake(problem, backward=True)
+    q, k, v = problem.q, problem.k, problem.v
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    # The slopes, the block mask and the modifier's table are saved as tensors; the scalars before
-    # them (and the table's kind) go back to bwd as they came.
-    q, k, v, q_offsets, kv_offsets, *scalars, alibi_slopes, block_mask_blocks, block_mask_offsets, score_mod, \
-        score_mod_table = inputs
-    refuse_modifier_gradient(alibi_slopes, score_mod_table, recording=True)
-    out, lse = output
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks,
-                          block_mask_offsets, score_mod_table)
-    ctx.scalars = scalars
-    ctx.score_mod = score_mod
-    # lse is an output for callers that want it, not a differentiable one: the C API has no
-    # gradient input for it.
+def _save(ctx, problem: Problem, out: Tensor, lse: Tensor) -> None:
+    """What a backward needs: the problem (its tensors saved for backward, see _TENSOR_FIELDS), out
+    and lse. lse is an output for callers that want it, not a differentiable one: the C API has no
+    gradient input for it."""
+    ctx.save_for_backward(out, lse, *(problem[i] for i in _TENSOR_FIELDS))
+    ctx.problem = problem._replace(**_NO_TENSORS)
     ctx.mark_non_differentiable(lse)
 
 
+def _saved(ctx) -> Tuple[Problem, Tensor, Tensor]:
+    """(problem, out, lse) as _save left them."""
+    out, lse, *tensors = ctx.saved_tensors
+    fields = list(ctx.problem)
+    for index, t in zip(_TENSOR_FIELDS, tensors):
+        fields[index] = t
+    return Problem(*fields), out, lse
+
+
+def _setup_context(ctx, inputs, output):
+    problem = Problem(*inputs)
+    refuse_modifier_gradient(problem.alibi_slopes, problem.score_mod_table, recording=True)
+    _save(ctx, problem, *output)
 _DOUBLE_BACKWARD_MESSAGE = (
     "jagflash: double backward is not supported: the gradients of jagged_attention cannot be "
     "differentiated again (torch.autograd.grad(..., create_graph=True) and then a backward through "
@@ -177,114 +186,66 @@ def _refuse_double_backward(dq, dk, dv, dout, q, k, v):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, q_offsets, kv_offsets, out, lse, alibi_slopes, block_mask_blocks, block_mask_offsets, \
-        score_mod_table = ctx.saved_tensors
+    problem, out, lse = _saved(ctx)
+    q, k, v = problem.q, problem.k, problem.v
     # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
     with torch.no_grad():
-        dq, dk, dv = bwd(dout.to(q.dtype), q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
-                         block_mask_blocks, block_mask_offsets, ctx.score_mod, score_mod_table)
+        dq, dk, dv = bwd(*_backward_args(problem, out, lse, dout.to(q.dtype)))
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
     # No gradient for the offsets, the scalars, the slopes, the block mask or the modifier's table.
-    return (dq, dk, dv) + (None,) * 15
+    return (dq, dk, dv) + (None,) * (len(Problem._fields) - 3)
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by every sequence of k, v.
-@torch.library.custom_op("jagflash::pooled_fwd", mutates_args=())
-def pooled_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    kv_offsets: Tensor,
-    mask: int,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    check_offsets: str,
-    max_seqlen: int = 0,
-    deterministic: bool = False,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-    score_mod: int = 0,
-    score_mod_table: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+@torch.library.custom_op("jagflash::pooled_fwd", mutates_args=(), schema=_schema(_POOLED_FIELDS))
+def pooled_fwd(*args):
     """out [B*Lq, H, Dv] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
     length - 1. deterministic: for the backward, as in fwd."""
-    return _launch.pooled_forward(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                                  max_seqlen, softcap, alibi_slopes, score_mod, score_mod_table)
+    return _launch.pooled_forward(_pooled_problem(args))
 
 
 @pooled_fwd.register_fake
-def _pooled_fwd_fake(q, k, v, kv_offsets, mask, window_left, window_right, scale, check_offsets, max_seqlen=0,
-                     deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0, score_mod_table=None):
-    _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, modified=softcap != 0 or alibi_slopes is not None or score_mod != 0,
-                            pooled=True)
-    _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
+def _pooled_fwd_fake(*args):
+    problem = _pooled_problem(args)
+    _check_fake(problem, pooled=True)
+    q = problem.q
     lq, heads, _ = q.shape
-    rows = (kv_offsets.shape[0] - 1) * lq
-    return q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
+    rows = (problem.kv_offsets.shape[0] - 1) * lq
+    return q.new_empty((rows, heads, problem.v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
 
 
-@torch.library.custom_op("jagflash::pooled_bwd", mutates_args=())
-def pooled_bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    kv_offsets: Tensor,
-    mask: int,
-    window_left: int,
-    window_right: int,
-    scale: float,
-    check_offsets: str,
-    max_seqlen: int = 0,
-    deterministic: bool = False,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-    score_mod: int = 0,
-    score_mod_table: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
+@torch.library.custom_op("jagflash::pooled_bwd", mutates_args=(), schema=_schema(_POOLED_FIELDS, backward=True))
+def pooled_bwd(*args):
     """dq [Lq, H, D] (the sum of every sequence's contribution), dk, dv per sequence."""
-    return _launch.pooled_backward(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale,
-                                   check_offsets, max_seqlen, deterministic, softcap, alibi_slopes, score_mod,
-                                   score_mod_table)
+    forward_args, out, lse, dout = _forward_args(args)
+    return _launch.pooled_backward(_pooled_problem(forward_args), out, lse, dout)
 
 
 @pooled_bwd.register_fake
-def _pooled_bwd_fake(dout, q, k, v, out, lse, kv_offsets, mask, window_left, window_right, scale, check_offsets,
-                     max_seqlen=0, deterministic=False, softcap=0.0, alibi_slopes=None, score_mod=0,
-                     score_mod_table=None):
-    _launch.check_pooled_inputs(q, k, v, kv_offsets)
-    _launch.check_head_dims(q, k, v, backward=True,
-                            modified=softcap != 0 or alibi_slopes is not None or score_mod != 0, pooled=True)
-    _launch.check_op_scalars(scale, check_offsets)
-    _launch.check_score_mod(q, softcap, alibi_slopes, score_mod, score_mod_table)
+def _pooled_bwd_fake(*args):
+    forward_args, _, _, _ = _forward_args(args)
+    problem = _pooled_problem(forward_args)
+    _check_fake(problem, backward=True, pooled=True)
+    q, k, v = problem.q, problem.k, problem.v
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _pooled_setup_context(ctx, inputs, output):
-    q, k, v, kv_offsets, *scalars, alibi_slopes, score_mod, score_mod_table = inputs
-    refuse_modifier_gradient(alibi_slopes, score_mod_table, recording=True)
-    out, lse = output
-    ctx.save_for_backward(q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table)
-    ctx.scalars = scalars
-    ctx.score_mod = score_mod
-    ctx.mark_non_differentiable(lse)
+    problem = _pooled_problem(inputs)
+    refuse_modifier_gradient(problem.alibi_slopes, problem.score_mod_table, recording=True)
+    _save(ctx, problem, *output)
 
 
 def _pooled_backward(ctx, dout, _dlse):
-    q, k, v, kv_offsets, out, lse, alibi_slopes, score_mod_table = ctx.saved_tensors
+    problem, out, lse = _saved(ctx)
+    q, k, v = problem.q, problem.k, problem.v
     with torch.no_grad():
-        dq, dk, dv = pooled_bwd(dout.to(q.dtype), q, k, v, out, lse, kv_offsets, *ctx.scalars, alibi_slopes,
-                                ctx.score_mod, score_mod_table)
+        dq, dk, dv = pooled_bwd(*_backward_args(pooled_args(problem), out, lse, dout.to(q.dtype)))
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * (len(_POOLED_FIELDS) - 3)
 
 
 pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_context)
@@ -297,65 +258,49 @@ class EagerAttention(torch.autograd.Function):
     traces (torch.compile, export, fake or meta tensors, subclasses, function modes) goes through
     the registered op, which is what gives those their fake kernel and opcheck guarantees.
 
-    Called through eager_attention (below): the six arguments q, k, v, q_offsets, kv_offsets and
-    the op's scalars as one tuple (each argument costs autograd.Function's apply time; after
-    deterministic: softcap, alibi_slopes, the block mask's blocks and offsets, score_mod and
-    score_mod_table, not differentiated). The offsets, the slopes, the block mask and the table are
-    saved for backward with the tensors, as the registered op saves them: one changed in place
-    between the forward and the backward then raises torch's "modified by an inplace operation"
-    instead of giving the gradients of other sequences, another map or other modifier values."""
+    Called through eager_attention (below): q, k, v, q_offsets and kv_offsets, the tensors autograd
+    is to see, then the whole Problem (each argument costs autograd.Function's apply time). The
+    backward gets what the registered op's gets (_save, _saved)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_offsets, kv_offsets, scalars):
-        # scalars: mask .. max_seqlen, deterministic (the backward's), softcap, alibi_slopes, the block
-        # mask's blocks and offsets, the table modifier's kind and table.
-        out, lse = _launch.forward(q, k, v, q_offsets, kv_offsets, *scalars[:6], *scalars[7:])
-        # The slopes, the block mask and the table are saved like the offsets (one changed in place
-        # before the backward raises).
-        ctx.save_for_backward(q, k, v, out, lse, q_offsets, kv_offsets, scalars[8], scalars[9], scalars[10],
-                              scalars[12])
-        ctx.scalars = scalars[:8]
-        ctx.score_mod = scalars[11]
-        ctx.mark_non_differentiable(lse)
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, problem):
+        # The tensors as apply passed them (unwrapped), in place of the problem's.
+        problem = Problem(q, k, v, q_offsets, kv_offsets, *problem[5:])
+        out, lse = _launch.forward(problem)
+        _save(ctx, problem, out, lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, q_offsets, kv_offsets, alibi_slopes, blocks, block_offsets, table = ctx.saved_tensors
+        problem, out, lse = _saved(ctx)
+        q, k, v = problem.q, problem.k, problem.v
         if dout.dtype is not q.dtype:
             dout = dout.to(q.dtype)
         if not torch.is_grad_enabled():  # a plain backward: nothing is recorded anyway
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
-                                          blocks, block_offsets, ctx.score_mod, table)
+            dq, dk, dv = _launch.backward(problem, out, lse, dout)
             return dq, dk, dv, None, None, None
         # create_graph=True: the copies the binding may make are not recorded.
         with torch.no_grad():
-            dq, dk, dv = _launch.backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, *ctx.scalars, alibi_slopes,
-                                          blocks, block_offsets, ctx.score_mod, table)
+            dq, dk, dv = _launch.backward(problem, out, lse, dout)
         dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
         return dq, dk, dv, None, None, None
 
 
 # autograd.Function.apply less its Python prologue: outside functorch transforms that prologue
 # only unwraps dead functorch wrappers (done below, per tensor) before calling this C function;
-# together with the tuple of scalars it saves about a third of the eager call's autograd cost.
+# together with the problem as one argument it saves about a third of the eager call's autograd cost.
 _apply_eager = super(torch.autograd.Function, EagerAttention).apply
 _functorch_transforms_active = torch._C._are_functorch_transforms_active
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Tensor, *scalars):
-    """EagerAttention on the op's arguments (q, k, v, the offsets, then its thirteen scalars; as with
-    the op, the score modifier's two, the block mask's two and the table modifier's two may be left
-    out)."""
-    if len(scalars) != 13:
-        scalars = scalars + (0.0, None, None, None, 0, None)[len(scalars) - 7:]
+def eager_attention(problem: Problem):
+    """EagerAttention on a Problem: (out, lse), differentiable in q, k and v."""
+    q, k, v, q_offsets, kv_offsets = problem[:5]
     if _functorch_transforms_active():
-        return EagerAttention.apply(q, k, v, q_offsets, kv_offsets, scalars)
+        return EagerAttention.apply(q, k, v, q_offsets, kv_offsets, problem)
     return _apply_eager(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(q_offsets),
-                        _unwrap_if_dead(kv_offsets), scalars)
-
-
+                        _unwrap_if_dead(kv_offsets), problem)
 # Looked up once: the check below runs on every eager call.
 _is_compiling = torch.compiler.is_compiling
 _function_mode_depth = torch._C._len_torch_function_stack

@@ -214,8 +214,8 @@ def _varlen_forward(query: Tensor, key: Tensor, value: Tensor, cum_seq_q: Tensor
     mask, left, right = _mask(is_causal, window_size_left, window_size_right)
     q_offsets, kv_offsets = _varlen_offsets(cum_seq_q, cum_seq_k)
     try:
-        out, lse = _launch.forward(query, key, value, q_offsets, kv_offsets, mask, left, right, _scale(scale),
-                                   _offsets_check.resolve(None), _hint(max_q, max_k))
+        out, lse = _launch.forward(_launch.Problem(query, key, value, q_offsets, kv_offsets, mask, left, right,
+                                                   _scale(scale), _offsets_check.resolve(None), _hint(max_q, max_k)))
     except InvalidArgumentError as error:
         _raise_int32_cause(error, cum_seq_q, cum_seq_k)
     return _like(query, out), lse
@@ -228,9 +228,10 @@ def _varlen_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor
     mask, left, right = _mask(is_causal, window_size_left, window_size_right)
     q_offsets, kv_offsets = _varlen_offsets(cum_seq_q, cum_seq_k)
     try:
-        dq, dk, dv = _launch.backward(grad_out, query, key, value, out, logsumexp, q_offsets, kv_offsets, mask, left,
-                                      right, _scale(scale), _offsets_check.resolve(None),
-                                      _hint(max_q, max_k), torch.are_deterministic_algorithms_enabled())
+        problem = _launch.Problem(query, key, value, q_offsets, kv_offsets, mask, left, right, _scale(scale),
+                                  _offsets_check.resolve(None), _hint(max_q, max_k),
+                                  torch.are_deterministic_algorithms_enabled())
+        dq, dk, dv = _launch.backward(problem, out, logsumexp, grad_out)
     except InvalidArgumentError as error:
         _raise_int32_cause(error, cum_seq_q, cum_seq_k)
     return _like(query, dq), _like(key, dk), _like(value, dv)
@@ -294,8 +295,8 @@ def _dense_forward(query: Tensor, key: Tensor, value: Tensor, is_causal: bool, s
     sequences = batch * heads if per_head else batch
     q_offsets = _seq_offsets(sequences, len_q, query.device)
     kv_offsets = _seq_offsets(sequences, len_kv, query.device)
-    out_rows, lse = _launch.forward(*rows, q_offsets, kv_offsets, mask, left, right, _scale(scale),
-                                    _offsets_check.BUILT, _hint(len_q, len_kv))
+    out_rows, lse = _launch.forward(_launch.Problem(*rows, q_offsets, kv_offsets, mask, left, right, _scale(scale),
+                                                    _offsets_check.BUILT, _hint(len_q, len_kv)))
     if per_head:
         return out_rows.view(batch, heads, len_q, head_dim), lse.view(batch, heads, len_q)
     out = out_rows.view(batch, len_q, heads, head_dim).transpose(1, 2)
@@ -321,9 +322,9 @@ def _dense_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
     q_offsets = _seq_offsets(sequences, len_q, query.device)
     kv_offsets = _seq_offsets(sequences, len_kv, query.device)
     dout_rows, q_rows, k_rows, v_rows, out_rows = rows
-    dq, dk, dv = _launch.backward(dout_rows, q_rows, k_rows, v_rows, out_rows, lse_rows, q_offsets, kv_offsets, mask,
-                                  left, right, _scale(scale), _offsets_check.BUILT, _hint(len_q, len_kv),
-                                  torch.are_deterministic_algorithms_enabled())
+    problem = _launch.Problem(q_rows, k_rows, v_rows, q_offsets, kv_offsets, mask, left, right, _scale(scale),
+                              _offsets_check.BUILT, _hint(len_q, len_kv), torch.are_deterministic_algorithms_enabled())
+    dq, dk, dv = _launch.backward(problem, out_rows, lse_rows, dout_rows)
     if per_head:
         return (dq.view(batch, heads, len_q, head_dim), dk.view(batch, heads, len_kv, head_dim),
                 dv.view(batch, heads, len_kv, head_dim))

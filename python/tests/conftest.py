@@ -48,6 +48,55 @@ MASKS = {
 }
 
 
+# ---- What this build's Hopper kernels serve. A trimmed build (JAGFLASH_HOPPER_DTYPES=bf16, fewer head
+# dims) has no kernel for some of the GPU tests' cases; a test that expects the Hopper kernels asks
+# first and skips, with the reason, what the build does not serve, so the rest pass or fail for real
+# (tests/hopper_served.hpp does the same for the C++ GPU tests).
+_DTYPE_ENUMS = {torch.bfloat16: _capi.BF16, torch.float16: _capi.FP16, torch.float32: _capi.FP32}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def hopper_kernel_head_dim(dtype, head_dim, v_head_dim=None, *, backward=False, score_mod=None, block_mask=False):
+    """The head dim of this build's Hopper kernel for the call in one direction, 0 for none: the
+    C library's answer (jagflash_hopper_kernel, the registry the dispatcher searches), asked of no
+    device. score_mod: a modifier's name ("softcap", "alibi", "relative_bias"), None for none."""
+    lib = _lib.lib()
+    kind = 0 if score_mod is None else jagflash.score_mod_kind(score_mod)
+    found = ctypes.c_int32(-1)
+    status = lib.jagflash_hopper_kernel(1 if backward else 0, _DTYPE_ENUMS[dtype], head_dim, v_head_dim or 0, kind,
+                                        int(block_mask), ctypes.byref(found))
+    assert status == _capi.OK, lib.jagflash_last_error().decode()
+    return found.value
+
+
+def hopper_unserved(dtype, head_dim, v_head_dim=None, *, forward=True, backward=False, score_mod=None,
+                    block_mask=False):
+    """Why this build's Hopper kernels do not serve the call in the directions asked, or None when
+    they do."""
+    missing = [name for name, asked, is_backward in (("forward", forward, False), ("backward", backward, True))
+               if asked and not hopper_kernel_head_dim(dtype, head_dim, v_head_dim, backward=is_backward,
+                                                       score_mod=score_mod, block_mask=block_mask)]
+    if not missing:
+        return None
+    call = f"{_DTYPE_NAMES[dtype]}/{head_dim}"
+    if v_head_dim not in (None, head_dim):
+        call += f" (v {v_head_dim})"
+    if score_mod is not None:
+        call += f" {score_mod}"
+    if block_mask:
+        call += " block mask"
+    return (f"{call}: this build instantiates no Hopper {' and '.join(missing)} for it (JAGFLASH_HOPPER_DTYPES, "
+            "JAGFLASH_HEAD_DIMS, JAGFLASH_FORWARD_HEAD_DIMS, JAGFLASH_BACKWARD_HEAD_DIMS)")
+
+
+def skip_unless_hopper_serves(dtype, head_dim, v_head_dim=None, **kwargs):
+    """pytest.skip, with hopper_unserved's reason, unless this build's Hopper kernels serve the call
+    (kwargs: hopper_unserved's)."""
+    why = hopper_unserved(dtype, head_dim, v_head_dim, **kwargs)
+    if why is not None:
+        pytest.skip(why)
+
+
 class RecordedLaunches(list):
     """The binding's record of its C calls, as ("fwd" or "bwd", jf_launch) pairs, brought in from
     the binding whenever the list is read."""

@@ -66,6 +66,11 @@ def test_cuda_stream_query_is_found_in_a_cuda_build_of_torch():
     assert _lib.binding().jagflash_torch_found_cuda_stream_query() == 1
 
 
+def _plain(q, k, v, q_offsets, kv_offsets, check_offsets):
+    """The problem of a call with no mask, the default scale, no modifier and no block mask."""
+    return _launch.Problem(q, k, v, q_offsets, kv_offsets, 0, -1, -1, 0.0, check_offsets)
+
+
 def _c_forward(q, k, v, q_offsets, kv_offsets, mask, left, right, scale):
     """The C library's own forward through ctypes (what the binding must reproduce bitwise)."""
     out = torch.empty(q.shape, dtype=q.dtype)
@@ -116,12 +121,12 @@ def test_errors_carry_the_c_message_and_become_the_package_exceptions():
     with pytest.raises(RuntimeError, match=r"^\[jagflash status 1\] problem\.v\.rows: expected 10, got 9$"):
         torch.ops.jagflash_c.fwd(batch.q, batch.k, v_short, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, 0, 0)
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^problem\.v\.rows: expected 10, got 9$") as caught:
-        _launch.forward(batch.q, batch.k, v_short, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
+        _launch.forward(_plain(batch.q, batch.k, v_short, batch.q_offsets, batch.kv_offsets, "host"))
     assert caught.value.status == _capi.ERR_INVALID_ARGUMENT
     q36 = torch.randn(10, 4, 36)
     with pytest.raises(jagflash.UnsupportedError,
                        match=r"problem\.q\.head_dim: expected a multiple of 8 from 8 to 256, got 36") as caught:
-        _launch.forward(q36, q36, q36, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
+        _launch.forward(_plain(q36, q36, q36, batch.q_offsets, batch.kv_offsets, "host"))
     assert caught.value.status == _capi.ERR_UNSUPPORTED
     with pytest.raises(RuntimeError, match=r"^\[jagflash status 1\] offsets_check: expected 0 \(host\) or 1"):
         torch.ops.jagflash_c.fwd(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, 7, 0)
@@ -136,14 +141,13 @@ def test_input_checks_are_worded_by_check_inputs():
                                  0, 0)
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^q_offsets: expected an int32 vector of B\+1 >= 1 offsets, "
                                                             r"got torch.int64 of shape \(3,\)$"):
-        _launch.forward(batch.q, batch.k, batch.v, batch.q_offsets.long(), batch.kv_offsets, 0, -1, -1, 0.0, "host")
-    out, lse = _launch.forward(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "host")
+        _launch.forward(_plain(batch.q, batch.k, batch.v, batch.q_offsets.long(), batch.kv_offsets, "host"))
+    problem = _plain(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, "host")
+    out, lse = _launch.forward(problem)
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^lse: expected float32 \[H, total_q\] = \[4, 10\]"):
-        _launch.backward(batch.dout, batch.q, batch.k, batch.v, out, lse.t(), batch.q_offsets, batch.kv_offsets, 0, -1,
-                         -1, 0.0, "host")
+        _launch.backward(problem, out, lse.t(), batch.dout)
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^dout: expected torch.float32 \(10, 4, 64\)"):
-        _launch.backward(batch.dout[:, :2], batch.q, batch.k, batch.v, out, lse, batch.q_offsets, batch.kv_offsets, 0,
-                         -1, -1, 0.0, "host")
+        _launch.backward(problem, out, lse, batch.dout[:, :2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -182,7 +186,7 @@ def test_cuda_call_on_another_stream_and_device_guard(launches):
     batch = make_batch(186, q_lengths=[5, 7], device="cuda")
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        _launch.forward(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, 0, -1, -1, 0.0, "device")
+        _launch.forward(_plain(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, "device"))
     torch.cuda.synchronize()
     assert [launch.stream for _, launch in launches] == [side.cuda_stream]
 
@@ -228,4 +232,4 @@ def test_offsets_of_another_device_are_refused_by_the_binding():
         pytest.skip("needs a CUDA device")
     batch = make_batch(189, q_lengths=[4])
     with pytest.raises(jagflash.InvalidArgumentError, match=r"^q_offsets\.device: expected cpu \(q's device\), got cuda"):
-        _launch.forward(batch.q, batch.k, batch.v, offsets_of([4], "cuda"), batch.kv_offsets, 0, -1, -1, 0.0, "host")
+        _launch.forward(_plain(batch.q, batch.k, batch.v, offsets_of([4], "cuda"), batch.kv_offsets, "host"))

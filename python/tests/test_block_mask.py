@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import jagflash
 from jagflash import BlockMask
 from conftest import (MASKS, TOLERANCES, LSE_TOLERANCE, assert_close, assert_lse_close, assert_same,
-                      assert_compiled_matches_eager, modifier_batch, needs_cuda, offsets_of, opcheck_fwd_bwd, visible)
+                      assert_compiled_matches_eager, modifier_batch, needs_cuda, offsets_of, opcheck_fwd_bwd, visible,
+                      skip_unless_hopper_serves)
 
 BLOCK = BlockMask.BLOCK
 # Lengths on both sides of block edges (127, 128, 129, 257), 0 and 1, q != kv.
@@ -617,6 +618,7 @@ def _cuda_batch(seed, head_dim, **kwargs):
 def test_cuda_random_maps_match_the_dense_reference(head_dim, dtype, mask):
     causal, window = MASKS[mask]
     batch = _cuda_batch(4000 + head_dim, head_dim, dtype=dtype)
+    skip_unless_hopper_serves(dtype, head_dim, backward=True, block_mask=True)
     block_mask = BlockMask.random(batch.q_offsets, batch.kv_offsets, density=0.25, seed=head_dim)
     assert block_mask.device == batch.q.device
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
@@ -653,6 +655,7 @@ def test_cuda_an_empty_map():
     block_mask = BlockMask.full(batch.q_offsets, batch.kv_offsets)
     assert block_mask.blocks.numel() == 0
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    skip_unless_hopper_serves(batch.q.dtype, 128, block_mask=True)
     assert jagflash.backend(*args, block_mask=block_mask) == "hopper"
     check_block_mask(batch, block_mask)
 
@@ -664,6 +667,7 @@ def test_cuda_head_dim_256_on_the_oracle():
     batch = _cuda_batch(4030, 256)
     block_mask = BlockMask.random(batch.q_offsets, batch.kv_offsets, density=0.5, seed=3)
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    skip_unless_hopper_serves(batch.q.dtype, 256, backward=True)
     assert jagflash.backend(*args) == "hopper"  # without the map
     assert jagflash.backend(*args, backward=True) == "hopper"
     assert jagflash.backend(*args, block_mask=block_mask) == "oracle"

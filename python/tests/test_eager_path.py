@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import jagflash
-from jagflash import ops
+from jagflash import _launch, ops
 from conftest import make_batch, needs_cuda
 
 
@@ -16,7 +16,7 @@ def _run(batch, use_op):
     q_off, kv_off = batch.q_offsets.to(torch.int32), batch.kv_offsets.to(torch.int32)
     # JF_MASK_CAUSAL, default scale, no max_seqlen hint, not deterministic
     args = (q, k, v, q_off, kv_off, 1, -1, -1, 0.0, "host", 0, False)
-    out, lse = ops.fwd(*args) if use_op else ops.eager_attention(*args)
+    out, lse = ops.fwd(*args) if use_op else ops.eager_attention(_launch.Problem(*args))
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), batch.dout)
     return out, lse, dq, dk, dv
 

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import jagflash
 from conftest import (MASKS, TOLERANCES, LSE_TOLERANCE, assert_close, assert_lse_close, assert_same,
                       check_against_reference, make_batch, needs_cuda, offsets_of, assert_compiled_matches_eager,
-                      opcheck_fwd_bwd, reference)
+                      opcheck_fwd_bwd, reference, skip_unless_hopper_serves)
 
 # (D, Dv): head dims models bring (Phi-2's 80, GPT-NeoX's 96, DeepSeek's 192 / 128) and the
 # edges of the range.
@@ -335,6 +335,7 @@ def test_cuda_padded_head_dims_match_the_reference(d, dtype, mask):
     causal, window = MASKS[mask]
     batch = make_batch(3000 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
                        head_dim=d, dtype=dtype, device="cuda")
+    skip_unless_hopper_serves(dtype, d, backward=True)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=causal, window=window)
@@ -346,6 +347,7 @@ def test_cuda_padded_head_dims_match_the_reference(d, dtype, mask):
 def test_cuda_padded_forward_past_128_matches_the_reference(d, causal):
     batch = make_batch(3100 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
                        head_dim=d, device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, d)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
     out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
                                          causal=causal, return_lse=True)
@@ -361,6 +363,7 @@ def test_cuda_narrower_v_forward_matches_the_reference(dims, causal):
     """Dv < D (DeepSeek's 192 / 128): the forward on the Hopper kernels, out [.., Dv]."""
     batch = make_batch(3150 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
                        kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, *dims)
     assert batch.v.shape[-1] == dims[1]
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
     out, lse = jagflash.jagged_attention(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets,
@@ -381,6 +384,7 @@ def test_cuda_narrower_v_backward_matches_the_reference(dims, mask, deterministi
     causal, window = MASKS[mask]
     batch = make_batch(3170 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
                        kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, *dims, backward=True)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=causal, window=window, deterministic=deterministic)
 
@@ -402,6 +406,7 @@ def test_cuda_backward_past_128_matches_the_reference(d, dtype, mask):
     causal, window = MASKS[mask]
     batch = make_batch(3400 + d, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4, kv_heads=2,
                        head_dim=d, dtype=dtype, device="cuda")
+    skip_unless_hopper_serves(dtype, d, backward=True)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets) == "hopper"
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=causal, window=window)
@@ -417,6 +422,7 @@ def test_cuda_narrower_v_backward_past_128_matches_the_reference(dims, dtype, ma
     causal, window = MASKS[mask]
     batch = make_batch(3500 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=4,
                        kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], dtype=dtype, device="cuda")
+    skip_unless_hopper_serves(dtype, *dims, backward=True)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=causal, window=window)
 
@@ -428,6 +434,7 @@ def test_cuda_backward_past_128_with_mqa(dims):
     tiles the group may be split across)."""
     batch = make_batch(3600 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=8,
                        kv_heads=1, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, *dims, backward=True)
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True) == "hopper"
     check_against_reference(batch, causal=True)
 
@@ -439,6 +446,7 @@ def test_cuda_backward_past_128_deterministic_repeats_bitwise(dims):
     KV blocks summed in a fixed order), and matching the reference."""
     batch = make_batch(3700 + dims[0] + dims[1], q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, heads=8,
                        kv_heads=2, head_dim=dims[0], v_head_dim=dims[1], device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, *dims, backward=True)
     check_against_reference(batch, deterministic=True)
     runs = []
     for _ in range(3):
@@ -460,6 +468,9 @@ def test_cuda_backend_says_hopper_for_the_backward_past_128(dims, dtype):
     dim, or v's for 192 / 128)."""
     batch = make_batch(3800, q_lengths=[3, 0, 70], kv_lengths=[5, 2, 64], heads=4, kv_heads=2, head_dim=dims[0],
                        v_head_dim=dims[1], dtype=dtype, device="cuda")
+    skip_unless_hopper_serves(dtype, *dims, backward=True)
+    if dims[0] == 256:
+        skip_unless_hopper_serves(dtype, *dims, score_mod="softcap")
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
     for backward in (False, True):
         assert jagflash.backend(*args, backward=backward) == "hopper"

@@ -153,17 +153,16 @@ def test_dense_sdpa(active, deterministic, launches, monkeypatch, layout, kv_hea
     gqa = kv_heads != heads
     row_heads, scales = [], []
 
-    def spy(launch, q_index, scale_index):
-        def recording(*args, **kwargs):
-            row_heads.append(args[q_index].size(1))
-            scales.append(args[scale_index])  # the C API's scale (0: 1/sqrt(D) computed there)
-            return launch(*args, **kwargs)
+    def spy(launch):
+        def recording(problem, *args, **kwargs):
+            row_heads.append(problem.q.size(1))
+            scales.append(problem.scale)  # the C API's scale (0: 1/sqrt(D) computed there)
+            return launch(problem, *args, **kwargs)
         return recording
 
-    # forward(q, k, v, q_offsets, kv_offsets, mask, left, right, scale, ...) and
-    # backward(dout, q, k, v, out, lse, q_offsets, kv_offsets, mask, left, right, scale, ...)
-    monkeypatch.setattr(_launch, "forward", spy(_launch.forward, 0, 8))
-    monkeypatch.setattr(_launch, "backward", spy(_launch.backward, 1, 11))
+    # forward(problem) and backward(problem, out, lse, dout)
+    monkeypatch.setattr(_launch, "forward", spy(_launch.forward))
+    monkeypatch.setattr(_launch, "backward", spy(_launch.backward))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     grads = _grads(out, (q, k, v), dout)

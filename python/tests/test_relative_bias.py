@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import jagflash
-from conftest import (MASKS, needs_cuda, assert_same, assert_compiled_matches_eager, check_against_reference,
+from conftest import (MASKS, needs_cuda, skip_unless_hopper_serves,
+                      assert_same, assert_compiled_matches_eager, check_against_reference,
                       modifier_batch, offsets_of, opcheck_fwd_bwd, MODIFIER_CUDA_Q_LENGTHS,
                       MODIFIER_CUDA_KV_LENGTHS)
 
@@ -134,6 +135,7 @@ def test_cuda_matches_the_reference(head_dim, dtype, mask):
     causal, window = MASKS[mask]
     batch = _batch(3300 + head_dim, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, head_dim=head_dim,
                    dtype=dtype, device="cuda")
+    skip_unless_hopper_serves(dtype, head_dim, backward=head_dim != 128, score_mod="relative_bias")
     table = _table(4, 100, 3301, "cuda")
     # The backward at 128 runs on the GPU oracle (CMakeLists.txt: the Hopper one spills with it).
     for backward in (False, True):
@@ -146,6 +148,7 @@ def test_cuda_matches_the_reference(head_dim, dtype, mask):
 @needs_cuda
 def test_cuda_head_dim_256_and_deterministic_repeats():
     batch = _batch(3310, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS, head_dim=256, device="cuda")
+    skip_unless_hopper_serves(batch.q.dtype, 256, score_mod="relative_bias")
     table = _table(4, 7, 3311, "cuda")
     # The forward on the Hopper kernel of 256, the backward on the GPU oracle (no modifier in the
     # Hopper backward of 256).

@@ -12,7 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
 from jagflash import ops
-from conftest import (MASKS, needs_cuda, TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
+from conftest import (MASKS, needs_cuda, skip_unless_hopper_serves,
+                      TOLERANCES, assert_close, assert_lse_close, assert_same, check_against_reference,
                       offsets_of, opcheck_fwd_bwd, reference, LSE_TOLERANCE,
                       assert_compiled_matches_eager, modifier_batch, MODIFIER_Q_LENGTHS,
                       MODIFIER_CUDA_Q_LENGTHS, MODIFIER_CUDA_KV_LENGTHS)
@@ -345,6 +346,7 @@ def test_cuda_softcap_matches_the_reference(head_dim, dtype, mask):
     causal, window = MASKS[mask]
     batch = _cuda_batch(2000 + head_dim, head_dim, dtype, scale_inputs=2.0)
     q, k, v = batch.q, batch.k, batch.v
+    skip_unless_hopper_serves(dtype, head_dim, backward=True, score_mod="softcap")
     assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets, softcap=5.0) == "hopper"
     assert jagflash.backend(q, k, v, batch.q_offsets, batch.kv_offsets, backward=True, softcap=5.0) == "hopper"
     check_against_reference(batch, causal=causal, window=window, softcap=5.0)
@@ -359,6 +361,7 @@ def test_cuda_alibi_matches_the_reference(head_dim, kv_heads, mask):
     batch = _batch(2010 + head_dim + kv_heads, q_lengths=CUDA_Q_LENGTHS, kv_lengths=CUDA_KV_LENGTHS,
                    kv_heads=kv_heads, head_dim=head_dim, device="cuda")
     slopes = _slopes(4).cuda()
+    skip_unless_hopper_serves(batch.q.dtype, head_dim, backward=True, score_mod="alibi")
     assert jagflash.backend(batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets, backward=True,
                             alibi_slopes=slopes) == "hopper"
     check_against_reference(batch, causal=causal, window=window, alibi_slopes=slopes)
@@ -370,6 +373,7 @@ def test_cuda_head_dim_256():
     takes no modifier)."""
     batch = _cuda_batch(2030, 256, scale_inputs=2.0)
     args = (batch.q, batch.k, batch.v, batch.q_offsets, batch.kv_offsets)
+    skip_unless_hopper_serves(batch.q.dtype, 256, score_mod="softcap")
     assert jagflash.backend(*args, softcap=5.0) == "hopper"
     assert jagflash.backend(*args, backward=True, softcap=5.0) == "oracle"
     assert jagflash.backend(*args, backward=True, alibi_slopes=_slopes(4).cuda()) == "oracle"

@@ -7,6 +7,8 @@
 #include "api/error.hpp"
 #include "api/validate.hpp"
 #include "core/score_mod.hpp"
+#include "kernels/hopper_backward.hpp"
+#include "kernels/hopper_forward.hpp"
 
 #include <cuda_runtime.h>
 
@@ -65,6 +67,17 @@ bool is_backward(jf_direction direction) {
   if (dir != JF_DIRECTION_FORWARD && dir != JF_DIRECTION_BACKWARD)
     jagflash::detail::fail_argument("direction", "JF_DIRECTION_FORWARD or JF_DIRECTION_BACKWARD", dir);
   return dir == JF_DIRECTION_BACKWARD;
+}
+
+// An enum argument read as an int (as is_backward reads the direction): the value, refused naming
+// the argument unless `known` holds it.
+template <typename Enum, typename Known>
+Enum checked_enum(const char* name, Enum value, const char* expected, Known&& known) {
+  int v = 0;
+  static_assert(sizeof v == sizeof value, "the jf_* enums are int-sized");
+  std::memcpy(&v, &value, sizeof v);
+  if (!known(v)) jagflash::detail::fail_argument(name, expected, v);
+  return value;
 }
 }  // namespace
 
@@ -130,6 +143,32 @@ jf_status jagflash_query_kernel(const jf_problem* problem, const jf_launch* laun
         jagflash::detail::query_backend(*problem, *launch, is_backward(direction), &head_dim);
     *served = b;  // written only on success, as jagflash_query_backend's
     *kernel_head_dim = head_dim;
+  });
+}
+
+jf_status jagflash_hopper_kernel(jf_direction direction, jf_dtype dtype, int32_t head_dim, int32_t v_head_dim,
+                                 jf_score_mod score_mod, int32_t block_sparse, int32_t* kernel_head_dim) {
+  return guarded([&] {
+    require_non_null("kernel_head_dim", kernel_head_dim);
+    const bool backward = is_backward(direction);
+    checked_enum("dtype", dtype, "JF_BF16, JF_FP16 or JF_FP32",
+                 [](int v) { return v == JF_BF16 || v == JF_FP16 || v == JF_FP32; });
+    checked_enum("score_mod", score_mod, "a jf_score_mod", [](int v) {
+      bool found = false;
+      jagflash::ScoreModTypes::for_each([&](auto mod) { found = found || decltype(mod)::kKind == v; });
+      return found;
+    });
+    const bool sparse = block_sparse != 0;
+    int32_t found = 0;
+    if (backward) {
+      if (const auto* e =
+              jagflash::kernels::find_hopper_backward(dtype, head_dim, score_mod, sparse, v_head_dim))
+        found = e->head_dim;
+    } else if (const auto* e =
+                   jagflash::kernels::find_hopper_forward(dtype, head_dim, score_mod, sparse, v_head_dim)) {
+      found = e->head_dim;
+    }
+    *kernel_head_dim = found;
   });
 }
 

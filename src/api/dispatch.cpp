@@ -159,6 +159,30 @@ schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
                                           variant.block_n, v.problem.block_mask.blocks != nullptr);
 }
 
+// A forward call's decision: which Hopper entry serves it (null: the oracle or the CPU), the plan
+// layout of the variant its launcher will choose and the bytes of workspace it needs. Made once a
+// call (the size query's checks, then the call's own run on the same answer).
+struct ForwardWorkspace {
+  const kernels::HopperForwardEntry* hopper = nullptr;
+  schedule::DevicePlanLayout plan{};
+  size_t bytes = 0;
+};
+
+ForwardWorkspace forward_workspace(const jf_fwd_args& a) {
+  validate_forward_shapes(a);
+  ForwardWorkspace w;
+  if (a.problem.device != JF_DEVICE_CUDA) return w;
+  w.hopper = hopper_forward_for(a);
+  if (w.hopper != nullptr) {
+    w.plan = hopper_plan_layout(a);
+    w.bytes = w.plan.total_bytes;
+    return w;
+  }
+  require_served_head_dim(a.problem);
+  w.bytes = WorkspaceLayout::forward_gpu().total_bytes;
+  return w;
+}
+
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, const jf_launch& l) {
   return hopper_entry_for(
       p, l,
@@ -245,8 +269,12 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward,
   validate_problem_and_launch(p, l);
   if (kernel_head_dim != nullptr) *kernel_head_dim = p.q.head_dim;  // the reference's and the oracle's
   if (p.device != JF_DEVICE_CUDA) return JF_BACKEND_REFERENCE;
-  const int hopper_head_dim = backward ? (hopper_backward_for(p, l) ? hopper_backward_for(p, l)->head_dim : 0)
-                                       : (hopper_forward_for(p, l) ? hopper_forward_for(p, l)->head_dim : 0);
+  int hopper_head_dim = 0;
+  if (backward) {
+    if (const kernels::HopperBackwardEntry* e = hopper_backward_for(p, l)) hopper_head_dim = e->head_dim;
+  } else if (const kernels::HopperForwardEntry* e = hopper_forward_for(p, l)) {
+    hopper_head_dim = e->head_dim;
+  }
   if (hopper_head_dim != 0) {
     if (kernel_head_dim != nullptr) *kernel_head_dim = hopper_head_dim;
     return JF_BACKEND_HOPPER;
@@ -255,24 +283,19 @@ jf_backend query_backend(const jf_problem& p, const jf_launch& l, bool backward,
   return JF_BACKEND_ORACLE;
 }
 
-size_t forward_workspace_size(const jf_fwd_args& a) {
-  validate_forward_shapes(a);
-  if (a.problem.device != JF_DEVICE_CUDA) return 0;
-  if (hopper_forward_for(a) != nullptr) return hopper_plan_layout(a).total_bytes;
-  require_served_head_dim(a.problem);
-  return WorkspaceLayout::forward_gpu().total_bytes;
-}
+size_t forward_workspace_size(const jf_fwd_args& a) { return forward_workspace(a).bytes; }
 
 size_t backward_workspace_size(const jf_bwd_args& a) { return backward_workspace(a).bytes; }
 
 void run_forward(const jf_fwd_args& a) {
   const jf_problem& p = a.problem;
-  validate_forward(a, forward_workspace_size(a), /*require_workspace=*/true);
+  const ForwardWorkspace work = forward_workspace(a);
+  validate_forward(a, work.bytes, /*require_workspace=*/true);
   if (p.device == JF_DEVICE_CPU) {
     reference::forward(a);
     return;
   }
-  const kernels::HopperForwardEntry* hopper = hopper_forward_for(a);
+  const kernels::HopperForwardEntry* hopper = work.hopper;
   const oracle::Entry* entry = hopper ? nullptr : &oracle_for(p);
   const WorkspaceLayout layout = WorkspaceLayout::forward_gpu();
   auto* flag = reinterpret_cast<int32_t*>(workspace_at(a.launch, layout.error_flag_offset));
@@ -282,7 +305,7 @@ void run_forward(const jf_fwd_args& a) {
                                      a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
-    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, hopper_plan_layout(a),
+    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, work.plan,
                                               /*build_plan=*/a.launch.reuse_plan == 0};
     int32_t* pooled_offsets = nullptr;
     if (is_pooled(p)) {
