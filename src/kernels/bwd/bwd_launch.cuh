@@ -26,11 +26,10 @@ inline Schedule schedule_knob() {
 // The order of a sequence's tiles (Params::l2_group_rows in both modes, rotated_q_order outside
 // the deterministic mode; pooled_dq_sum keeps its own). Benchmark knobs, read at every launch so
 // that one process can time them side by side: JAGFLASH_BWD_L2_GROUP_MB = the L2 budget of a
-// group of heads in MB (0: the KV heads innermost, the order before 2026-12-02),
-// JAGFLASH_BWD_ROTATE = 1 starts each tile at Q block m_lo + n_block mod count. The rotation is
-// off by default: measured 0-6% slower than the plain start on the uniform sweep (bench/NOTES.md,
-// 2026-12-02): the adds into one Q block do not contend enough to pay for the tiles of a head no
-// longer sharing each Q block's L2 lines.
+// group of heads in MB (0: the KV heads innermost), JAGFLASH_BWD_ROTATE = 1 starts each tile at
+// Q block m_lo + n_block mod count. The rotation is off by default: the adds into one Q block do
+// not contend enough to pay for the tiles of a head no longer sharing each Q block's L2 lines
+// (bench/NOTES.md, "The measurements behind the code's defaults").
 struct TileOrder {
   int64_t l2_group_bytes;
   int32_t rotate;
@@ -39,7 +38,7 @@ struct TileOrder {
 // an element, bf16/fp16) and the fp32 dQ accumulator row.
 template <int kHeadDim>
 constexpr int64_t kL2BytesPerQRow = int64_t(kHeadDim) * (2 + 2 + 4);
-// About half of the H200's 60 MB L2 (the rest holds K, V and the stats).
+// About half of an H200's L2 (the rest holds K, V and the stats).
 constexpr int64_t kDefaultL2GroupBytes = int64_t(24) << 20;
 inline TileOrder tile_order_knob() {
   TileOrder o{kDefaultL2GroupBytes, 0};
@@ -162,7 +161,7 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
     // KV blocks first to last: under causal the first KV blocks are seen by the most Q blocks and
     // start first. The deterministic mode adds a Q block's partials in the plan's order of its
     // KV blocks, and under causal KV block n first meets Q blocks the lower blocks reach only
-    // later, so first to last it waits (-37% measured at 3d07254); last to first with the turns
+    // later, so first to last it waits (bench/NOTES.md); last to first with the turns
     // from the highest KV block down, every block's first Q blocks are its own turn first.
     const bool first_block_first = launch.dq_sems == nullptr;
     // With a block-sparse map the sequences weigh their visible blocks (the plan's pairs are the

@@ -62,7 +62,7 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 // memory in 16-byte chunks of whole rows (a warp writes 512 contiguous-row bytes a store, full
 // 32-byte sectors), rows past the sequence's end skipped. Stored straight from the accumulators
 // (a warp's store: 8 rows of 16 bytes, half sectors) the epilogue doubled the L2 write requests
-// and bound a tile that sees one Q block (pooled attention, short sequences): ncu, 2026-12-01.
+// and bound a tile that sees one Q block (pooled attention, short sequences).
 // Every consumer thread calls it once a tile (the barriers count them all). chunks: the
 // tensor's head dim in 16-byte chunks (read with kPaddedHeadDim only: q's for dk, v's for dv).
 template <class Traits, class TensorAcc>

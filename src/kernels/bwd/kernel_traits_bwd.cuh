@@ -29,7 +29,7 @@ using namespace cute;
 using common::ArrivalBarrier;
 using common::TxBarrier;
 
-using common::Schedule;  // how CTAs get their tiles (the forward's choices, measured the same way)
+using common::Schedule;  // how CTAs get their tiles (the forward's choices)
 
 template <class Config>
 struct KernelTraits {

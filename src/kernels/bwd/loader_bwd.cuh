@@ -55,11 +55,10 @@ struct Loader {
   using HeadDim = typename Traits::HeadDim;
   static constexpr int kStages = Traits::kStages;
   // Where the loop reads the tile's fields: at 24 registers (the 128 and wide kernels, whose
-  // consumers need the rest) kept in registers they pushed the loader into local memory (ptxas:
-  // 296 / 368 bytes of spill stores at D = 128 / 256, 164 / 152 read from the slot; the barrier
-  // waits clobber memory, so they are re-read after each): H200, compare.py, the wide backwards
-  // +6-10%, 128 +0-3%. With more registers (64: 72, 96: 56; no spills) the slot's re-reads cost
-  // the D = 96 kernel 2-5%: there the fields stay in registers.
+  // consumers need the rest) kept in registers they pushed the loader into local memory, so they
+  // are read from the slot (the barrier waits clobber memory, so they are re-read after each).
+  // With more registers (64: 72, 96: 56; no spills) the slot's re-reads cost more than they
+  // save: there the fields stay in registers (bench/NOTES.md has the figures).
   static constexpr bool kTileFromSlot = Traits::kProducerRegisters < 56;
 
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem) {

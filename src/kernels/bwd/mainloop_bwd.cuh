@@ -46,10 +46,9 @@ struct Consumer {
   static constexpr int kKeysPerWarpgroup = Traits::WgKeys::value;
   // dQ's k-blocks (16 keys each) over warpgroup 0's keys.
   static constexpr int kLowerKBlocks = kKeysPerWarpgroup / 16;
-  // Warpgroup 1 idles on tiles whose upper keys are past the sequence (below). At D = 64 the
-  // branches spread the dV/dK wgmma issue (descriptors rebuilt after the merge) and cost 5-16%
-  // on the long batches (compare.py, H200, 2026-12-01) for +7% on short; at D = 96 -6 to -11% on
-  // the long ones for nothing on short (2026-12-04): D = 128 only.
+  // Warpgroup 1 idles on tiles whose upper keys are past the sequence (below). At D = 64 and 96
+  // the branches spread the dV/dK wgmma issue and cost the long batches more than they gain on
+  // short ones (bench/NOTES.md): D = 128 only.
   static constexpr bool kSkipIdleUpperKeys = Traits::kHeadDim == 128;
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).

@@ -32,9 +32,9 @@ struct PreprocessParams {
 };
 
 // kRowsPerCta rows of one head a CTA, kLanesPerRow lanes a row, each lane one 16-byte
-// load of O and of dO (the GPU path's tensors are 16-byte aligned with 16-byte strides). Measured
-// (H200, 2026-12-01, torch.profiler): one warp a (row, head) with 8-byte loads and a 64-bit
-// division per item read O and dO at 2.3 TB/s, about half the memory's rate.
+// load of O and of dO (the GPU path's tensors are 16-byte aligned with 16-byte strides): one warp
+// a (row, head) with 8-byte loads and a 64-bit division per item read O and dO at about half the
+// memory's rate.
 template <int kHeadDim>
 struct PreprocessShape {
   // A row's 16-byte chunks; the lanes a row, a power of two (the shuffle reduction's): at D = 96

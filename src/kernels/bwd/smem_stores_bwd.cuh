@@ -2,7 +2,7 @@
 // instructions: dS (bf16/fp16, for dQ = dS K) by stmatrix and the fp32 dQ partial by 64-bit
 // st.shared. CuTe's swizzled partitions of the same layouts compiled to generic 32-bit stores
 // (ST.E, the swizzle computed through integers loses the address space) with about 250 integer
-// instructions of address arithmetic a warp per block (ncu, 2026-12-01): more than the block's
+// instructions of address arithmetic a warp per block: more than the block's
 // exp2, FMA and conversion work together. The offsets are plain functions of the thread index
 // so that tests/test_bwd_smem_stores.cu can check them against CuTe's layouts on the host.
 #pragma once
