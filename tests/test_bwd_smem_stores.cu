@@ -30,7 +30,8 @@ template <class Config>
 void expect_ds_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
   using Offsets =
-      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup>;
+      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup,
+                                               Config::kDqRowsSplit>;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   typename Traits::TiledMmaSdP mma;
@@ -62,7 +63,8 @@ template <class Config>
 void expect_dq_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
   using Offsets =
-      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup>;
+      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup,
+                                               Config::kDqRowsSplit>;
   constexpr int kBlockM = Config::kBlockM, kHeadDim = Config::kHeadDim;
   typename Traits::TiledMmaDq mma;
   typename Traits::SmemLayoutDq dq_layout;
@@ -93,7 +95,8 @@ template <class Config>
 void expect_dkv_staging_conflict_free() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
   using Element = typename Config::Element;
-  using Staging = jagflash::kernels::bwd::DkvStaging<Config::kHeadDim, int(sizeof(Element))>;
+  using Staging = jagflash::kernels::bwd::DkvStaging<Config::kHeadDim, int(sizeof(Element)),
+                                                     Config::kBlockM * Config::kBlockN * sizeof(Element)>;
   constexpr int kBlockM = Config::kBlockM;
   typename Traits::SmemLayoutDs ds_layout;
   for (int wg = 0; wg < 2; ++wg) {
@@ -112,10 +115,12 @@ void expect_dkv_staging_conflict_free() {
         for (uint32_t byte = 0; byte < 16; ++byte)
           ASSERT_TRUE(own.count(at + byte)) << "wg " << wg << " key " << key << " chunk " << chunk;
       }
-    // D = 128 fills both buffers' bytes of its keys; D = 64 (64 keys x 128 bytes) half of them;
-    // D = 96 (192-byte rows, 42 in the first buffer) three quarters.
+    // D = 128 (64-row dS buffers) fills both buffers' bytes of its keys; D = 64 (64 keys x 128
+    // bytes, 128-row buffers) a quarter of them; D = 96 (192-byte rows, 42 in the first buffer)
+    // three quarters.
     if (Staging::kPowerOfTwoRows) {
-      ASSERT_EQ(slots.size() * 16 * (256 / Staging::kRowBytes), own.size());
+      ASSERT_EQ(own.size(), size_t{Config::kDsBuffers} * Staging::kStageHalf);
+      ASSERT_EQ(slots.size() * 16 * (Config::kDsBuffers * Staging::kStageHalf / (64 * Staging::kRowBytes)), own.size());
     } else {
       ASSERT_EQ(slots.size() * 16 * 4, own.size() * 3);
     }

@@ -216,13 +216,12 @@ int32_t current_sm_count() {
 
 // How many tiles a query-head group is split over: from the shapes and the GPU alone, so the
 // workspace size and the call agree.
-int32_t backward_group_splits(const jf_bwd_args& a, int block_n) {
+int32_t backward_group_splits(const jf_bwd_args& a, int block_n, int block_m) {
   const jf_problem p = hopper_view(a.problem);
   const int32_t group = p.k.heads > 0 ? p.q.heads / p.k.heads : 1;
   if (group <= 1) return 1;
   const int64_t max_pairs =
-      schedule::DevicePlanLayout::make(0, p.batch_size, p.k.rows, p.q.rows, block_n, kernels::kBackwardBlockM)
-          .max_pairs;
+      schedule::DevicePlanLayout::make(0, p.batch_size, p.k.rows, p.q.rows, block_n, block_m).max_pairs;
   return kernels::backward_group_splits(max_pairs * p.k.heads, group, current_sm_count(),
                                         p.mask != JF_MASK_NONE, group_splits_knob());
 }
@@ -237,6 +236,11 @@ struct BackwardWorkspace {
   schedule::DevicePlanLayout plan{};
   size_t bytes = 0;
 };
+
+// The workspace's slack after the last Q row holds a Q block of any backward kernel.
+static_assert(kernels::backward_block_m(64) <= WorkspaceLayout::kMaxBlockM &&
+                  kernels::backward_block_m(128) <= WorkspaceLayout::kMaxBlockM,
+              "WorkspaceLayout::kMaxBlockM");
 
 BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   validate_backward_shapes(a);
@@ -253,12 +257,13 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   // The dQ accumulator and the split partials keep the kernel's head dim (a padded one's too); the
   // plan's KV blocks are the kernel's (64 keys in the wide one).
   const int block_n = kernels::backward_block_n(w.hopper->head_dim);
+  const int block_m = kernels::backward_block_m(w.hopper->head_dim, w.hopper->score_mod, w.hopper->block_sparse);
   w.layout = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), w.hopper->head_dim, p.k.heads,
-                                              p.k.rows, backward_group_splits(a, block_n));
+                                              p.k.rows, backward_group_splits(a, block_n, block_m));
   if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
   w.plan =
       schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p), block_n,
-                                       kernels::kBackwardBlockM, p.block_mask.blocks != nullptr);
+                                       block_m, p.block_mask.blocks != nullptr);
   w.bytes = w.plan.total_bytes;
   return w;
 }

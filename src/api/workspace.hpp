@@ -34,11 +34,13 @@ struct WorkspaceLayout {
     return w;
   }
   // The Hopper backward: lse in log2 units and delta as [H][q_stride] (q_stride: total_q rounded
-  // up to 4 rows, plus the 68 rows a Q block's bulk copy may read past the last), the fp32 dQ accumulator
-  // [H][total_q + 64][D] (one Q block of slack: a block's reduce-add may run past the last row), the
+  // up to 4 rows, plus the kMaxBlockM + 4 rows a Q block's bulk copy may read past the last), the fp32
+  // dQ accumulator [H][total_q + kMaxBlockM][D] (one Q block of slack: a block's reduce-add may run
+  // past the last row; kMaxBlockM the largest Q block of any kernel, kernels::backward_block_m), the
   // deterministic mode's semaphores [H][total_q] (reserved in either mode), with a split group
   // (group_splits > 1) the fp32 dK and dV partials [group_splits][total_kv][H_kv][D] each, then the
   // plan (from total_bytes on).
+  static constexpr int64_t kMaxBlockM = 128;
   size_t lse_log2_offset = 0;
   size_t dq_accum_offset = 0;
   size_t dq_sems_offset = 0;
@@ -61,8 +63,8 @@ struct WorkspaceLayout {
                                          int64_t heads_kv = 0, int64_t total_kv = 0,
                                          int32_t group_splits = 1) {
     WorkspaceLayout w;
-    w.q_stride = (total_q + 3) / 4 * 4 + 72;
-    w.dq_rows = total_q + 64;
+    w.q_stride = (total_q + 3) / 4 * 4 + kMaxBlockM + 8;
+    w.dq_rows = total_q + kMaxBlockM;
     w.plan_key_offset = align_up(sizeof(int32_t));
     w.delta_offset = w.plan_key_offset + align_up(sizeof(schedule::PlanKey));
     const size_t stats = align_up(static_cast<size_t>(num_heads * w.q_stride) * sizeof(float));

@@ -49,9 +49,17 @@ const HopperBackwardEntry* find_hopper_backward(jf_dtype dtype, int head_dim, jf
                                                 bool block_sparse = false, int v_head_dim = 0);
 
 // The backward's tile shape (the plan is built over KV blocks of backward_block_n keys; each
-// visits Q blocks of kBackwardBlockM rows): 128 keys up to head dim 128 (96 too); the wide kernels (192,
+// visits Q blocks of backward_block_m rows): 128 keys up to head dim 128 (96 too); the wide kernels (192,
 // 256: tile_config_bwd.hpp) take 64, as their K and V and the warpgroups' dK, dV halves must fit.
+// Q blocks of 128 rows at head dim 64 without a modifier or a block map (its dK, dV leave the
+// registers for them: tile_config_bwd.hpp), else 64.
 constexpr int kBackwardBlockM = 64;
+constexpr int kNarrowBackwardBlockM = 128;
+constexpr int backward_block_m(int kernel_head_dim, jf_score_mod score_mod = JF_SCORE_MOD_NONE,
+                               bool block_sparse = false) {
+  return kernel_head_dim == 64 && score_mod == JF_SCORE_MOD_NONE && !block_sparse ? kNarrowBackwardBlockM
+                                                                                   : kBackwardBlockM;
+}
 constexpr int kBackwardBlockN = 128;
 constexpr int kWideBackwardBlockN = 64;
 constexpr int backward_block_n(int kernel_head_dim) {

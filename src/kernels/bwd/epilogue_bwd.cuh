@@ -13,7 +13,8 @@ namespace jagflash::kernels::bwd {
 using namespace cute;
 
 // A warpgroup's staging of one of dK, dV (its 64 keys x D in the input dtype) in the dS buffers'
-// bytes that hold its own keys (kStageHalf bytes in each of the two buffers; free once both
+// bytes that hold its own keys (kStageHalf bytes, half of a kBufferBytes buffer (64 or 128 rows x
+// 128 keys), in each of the two buffers; free once both
 // warpgroups' last dQ GEMM of the tile is done), a key's row of D elements at key x row bytes,
 // its 16-byte chunks XOR-ed with key % 8 so that a warp's accumulator stores (8 keys, one chunk)
 // and its row reads (whole rows) hit distinct banks.
@@ -21,12 +22,12 @@ using namespace cute;
 // = 42 rows in the first half, the rest in the second, and the XOR stays inside a row's groups
 // of 4 chunks: 8 keys at a 192-byte pitch fall on two 64-byte bank halves (key % 2), and
 // (chunk % 4) XOR (key / 2 % 4) spreads each half's 4 keys over its 4 chunk slots.
-template <int kHeadDim, int kElementBytes>
+template <int kHeadDim, int kElementBytes, uint32_t kBufferBytes_ = 16 * 1024>
 struct DkvStaging {
   static constexpr int kRowBytes = kHeadDim * kElementBytes;
   static constexpr int kChunks = kRowBytes / 16;
-  static constexpr uint32_t kStageHalf = 8 * 1024;     // 64 keys x 128 bytes of one dS buffer
-  static constexpr uint32_t kBufferBytes = 16 * 1024;  // one dS buffer (64 rows x 128 keys)
+  static constexpr uint32_t kBufferBytes = kBufferBytes_;   // one dS buffer (kBlockM rows x 128 keys)
+  static constexpr uint32_t kStageHalf = kBufferBytes / 2;  // a warpgroup's 64 keys of one dS buffer
   static constexpr bool kPowerOfTwoRows = kStageHalf % kRowBytes == 0;
   static constexpr int kRowsPerHalf = kStageHalf / kRowBytes;
   static_assert(2 * kRowsPerHalf >= 64 && (kPowerOfTwoRows || kChunks % 4 == 0), "a warpgroup's keys fit");
@@ -71,7 +72,8 @@ __device__ __forceinline__ void stage_and_store(const TileInfo& t, TensorAcc& ac
                                                 int64_t head_stride, int32_t chunks, uint32_t ds_base,
                                                 int thread) {
   using Element = typename Traits::Element;
-  using Staging = DkvStaging<Traits::kHeadDim, int(sizeof(Element))>;
+  using Staging = DkvStaging<Traits::kHeadDim, int(sizeof(Element)),
+                             uint32_t(Traits::kBlockM * Traits::kBlockN * sizeof(Element))>;
   constexpr int kRows = decltype(size<0>(acc_rc))::value;
   const common::AccumulatorCoords coords(thread);
   const int wg = thread / 128, wg_thread = thread % 128;

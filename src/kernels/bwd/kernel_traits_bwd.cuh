@@ -84,13 +84,18 @@ struct KernelTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, HeadDim, BlockM>,
                                                    GMMA::Major::K, GMMA::Major::MN>(),
                               WgAlongM{}));
-  // dQ = dS K: the Q block's 64 rows x D over all 128 keys; the two warpgroups split the head dim
-  // (at D = 96 48 columns each: common/gmma_64x48.cuh, a shape CuTe's selector leaves out).
+  // dQ = dS K: the Q block's rows x D over all 128 keys. 64 rows: the two warpgroups split the head
+  // dim (at D = 96 48 columns each: common/gmma_64x48.cuh, a shape CuTe's selector leaves out);
+  // 128 rows (Config::kDqRowsSplit): they split the rows, 64 x D each.
+  static constexpr bool kDqRowsSplit = Config::kDqRowsSplit;
+  static_assert(!kDqRowsSplit || kBlockM == 128, "a warpgroup's 64 rows of dQ");
+  static constexpr int kDqWgCols = kDqRowsSplit ? kHeadDim : kHeadDim / 2;  // a warpgroup's dQ columns
   using DqSplitOp = std::conditional_t<
-      kHeadDim / 2 == 48, common::Gmma64x48x16SS<Element, GMMA::Major::MN, GMMA::Major::MN>,
-      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<BlockM, Int<kHeadDim / 2>, BlockN>,
+      kDqWgCols == 48, common::Gmma64x48x16SS<Element, GMMA::Major::MN, GMMA::Major::MN>,
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqWgCols>, BlockN>,
                                     GMMA::Major::MN, GMMA::Major::MN>())>;
-  using TiledMmaDqSplit = decltype(make_tiled_mma(DqSplitOp{}, Layout<Shape<_1, _2, _1>>{}));
+  using TiledMmaDqSplit = decltype(make_tiled_mma(
+      DqSplitOp{}, std::conditional_t<kDqRowsSplit, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>{}));
 
   // The wide tile (Config::kWide, mainloop_bwd_wide.cuh): S^T and dP^T of all 64 keys x 64 rows
   // in each warpgroup (a one-warpgroup MMA, sliced at the thread's index in its warpgroup); dV

@@ -37,9 +37,10 @@ struct Consumer {
   static constexpr int kStages = Traits::kStages;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  using StoreOffsets = SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value>;
+  using StoreOffsets =
+      SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value, Traits::kDqRowsSplit>;
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
-  static_assert(kDsBufferBytes == DkvStaging<Traits::kHeadDim, int(sizeof(Element))>::kBufferBytes &&
+  static_assert(kDsBufferBytes == DkvStaging<Traits::kHeadDim, int(sizeof(Element)), kDsBufferBytes>::kBufferBytes &&
                     Traits::kDsBuffers == 2 && Traits::WgKeys::value == 64,
                 "the dK/dV staging's view of the dS buffers");
 

@@ -11,35 +11,43 @@
 
 namespace jagflash::kernels::bwd {
 
-// Byte offsets for the shapes of TileConfig: kBlockM = 64 query rows, kKeysPerWarpgroup = 64
-// keys a consumer warpgroup, thread = index among the consumer threads (0-255).
-template <int kBlockM, int kHeadDim, int kKeysPerWarpgroup>
+// Byte offsets for the shapes of TileConfig: kBlockM = 64 or 128 query rows, kKeysPerWarpgroup = 64
+// keys a consumer warpgroup, thread = index among the consumer threads (0-255). kDqRowsSplit: the
+// warpgroups' dQ partials are rows 0-63 and 64-127 of all kHeadDim columns (128-row blocks), else
+// all rows of one half of the head dim each.
+template <int kBlockM, int kHeadDim, int kKeysPerWarpgroup, bool kDqRowsSplit = false>
 struct SmemStoreOffsets {
-  static_assert(kBlockM == 64, "one 128-byte MN-major swizzle atom of dS rows a key");
+  static_assert(kBlockM == 64 || kBlockM == 128, "whole 128-byte MN-major swizzle atoms of dS rows");
+  static_assert(!kDqRowsSplit || kBlockM == 128, "a warpgroup's 64 rows of a 128-row dQ partial");
 
-  // dS (rows, keys), MN-major with the 128-byte swizzle: key k's 64 rows are 128 bytes at
-  // k * 128, their 16-byte chunks (8 rows each) XOR-ed with k % 8. A warp's stmatrix.x4 writes
-  // four 8 x 8 matrices whose rows are keys and whose columns are 8 query rows: exactly the
-  // accumulator fragment of S^T (thread l holds keys l/4 (+8) and rows 2 (l%4) (+1) of each 8).
+  // dS (rows, keys), MN-major with the 128-byte swizzle: an atom is 64 rows (128 bytes) of each of
+  // 8 keys, 1 KB; the atoms of a key group of 8 follow each other along the rows (kAtomsM of
+  // them), then the next key group. In an atom key k's rows are 128 bytes at (k % 8) * 128, their
+  // 16-byte chunks (8 rows each) XOR-ed with k % 8. A warp's stmatrix.x4 writes four 8 x 8
+  // matrices whose rows are keys and whose columns are 8 query rows: exactly the accumulator
+  // fragment of S^T (thread l holds keys l/4 (+8) and rows 2 (l%4) (+1) of each 8).
   // Lane l gives the address of row l % 8 of matrix l / 8; matrix q of instruction i is the
   // fragment's 32-bit register 4 i + q: keys +8 (q % 2), row group 2 i + q / 2.
-  // Written as (per-thread base) + (2 i XOR per-thread term) << 4: with i a constant, each of
-  // the four addresses is one XOR and one add from two registers.
+  // Written as (per-thread base) + (atom of i) + ((2 i % 8) XOR per-thread term) << 4: with i a
+  // constant, each address is one XOR and one add from two registers.
+  static constexpr int kAtomsM = kBlockM / 64;
   static __host__ __device__ uint32_t ds_lane(int thread, int i) {
     const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
     const int key = warpgroup * kKeysPerWarpgroup + warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-    // row group 2 i + (lane / 16), XOR-ed with key % 8 = lane % 8
+    // row group 2 i + (lane / 16): atom (2 i) / 8, chunk (2 i) % 8 + lane / 16, XOR-ed with
+    // key % 8 = lane % 8
     const int chunk_term = ((lane >> 4) & 1) ^ (lane & 7);
-    return static_cast<uint32_t>(key * 128 + (((2 * i) ^ chunk_term) << 4));
+    return static_cast<uint32_t>((key / 8) * kAtomsM * 1024 + (key % 8) * 128 + ((2 * i) / 8) * 1024 +
+                                 ((((2 * i) % 8) ^ chunk_term) << 4));
   }
-  static constexpr int kDsStores = kBlockM / 16;  // stmatrix.x4 a thread (8 row groups / 2)
+  static constexpr int kDsStores = kBlockM / 16;  // stmatrix.x4 a thread (kBlockM / 8 row groups / 2)
 
   // dQ partial (rows, head dim) fp32, 128-byte swizzled boxes of 32 floats x kBlockM rows (the
-  // TMA reduce's), the warpgroups splitting the head dim. Thread l of warp w holds rows
-  // 16 w + l/4 (+8 h) and, for each group j of 8 columns, columns 8 j + 2 (l%4) (+1): one
-  // 8-byte store per (j, h); a warp's 32 stores cover every bank twice (two wavefronts, the
-  // minimum for 256 bytes).
-  static constexpr int kDqCols = kHeadDim / 2;  // a warpgroup's columns
+  // TMA reduce's). Thread l of warp w holds rows 16 w + l/4 (+8 h) (plus 64 for warpgroup 1 with
+  // kDqRowsSplit) and, for each group j of 8 of the warpgroup's columns, columns 8 j + 2 (l%4)
+  // (+1): one 8-byte store per (j, h); a warp's 32 stores cover every bank twice (two wavefronts,
+  // the minimum for 256 bytes).
+  static constexpr int kDqCols = kDqRowsSplit ? kHeadDim : kHeadDim / 2;  // a warpgroup's columns
   static constexpr int kDqGroups = kDqCols / 8;
   static constexpr int kBoxBytes = kBlockM * 128;  // 32 floats x kBlockM rows
   // At D = 96 a warpgroup's 48 columns are one box and a half: warpgroup 1 starts in the middle
@@ -50,9 +58,12 @@ struct SmemStoreOffsets {
   // whole boxes, j counts from the stage's first column (g below) instead.
   static __host__ __device__ uint32_t dq_pair(int thread, int j, int h) {
     const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
-    const int row = warp * 16 + h * 8 + (lane >> 2);
+    const int row = (kDqRowsSplit ? warpgroup * 64 : 0) + warp * 16 + h * 8 + (lane >> 2);
     const int chunk_term = ((lane >> 1) & 1) ^ (lane >> 2);
-    if constexpr (kWholeBoxes) {
+    if constexpr (kDqRowsSplit) {
+      return static_cast<uint32_t>((j / 4) * kBoxBytes + row * 128 + (((2 * (j % 4)) ^ chunk_term) << 4) +
+                                   (lane & 1) * 8);
+    } else if constexpr (kWholeBoxes) {
       return static_cast<uint32_t>((warpgroup * (kDqCols / 32) + j / 4) * kBoxBytes + row * 128 +
                                    (((2 * (j % 4)) ^ chunk_term) << 4) + (lane & 1) * 8);
     } else {

@@ -26,14 +26,15 @@ struct StepMath {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kRows = 2;   // keys of S^T a thread
-  static constexpr int kCols = 16;  // query rows of the Q block a thread
+  static constexpr int kCols = kBlockM / 4;  // query rows of the Q block a thread
 
   // The score modifier (none in the default kernels: nothing of it is compiled). Softcap's dS
   // takes dscore = 1 - t^2 of each score's tanh t: at D = 64 kept from the tanh to dS as half
-  // pairs (16 registers, 11 bits of a value in [0, 1], next to the 8 of the bf16 dS it scales);
-  // at D = 128, where dK and dV hold 128 registers a thread and those 16 spilled (check_sass),
+  // pairs (11 bits of a value in [0, 1], next to the 8 of the bf16 dS it scales) where the
+  // registers allow; at D = 128, where dK and dV hold 128 registers a thread and those 16 spilled
+  // (check_sass), and at D = 64 with 128-row Q blocks (S^T and dP^T 64 registers each),
   // recovered from P and the lse (KernelScoreMod::dscore_of_p, one MUFU.LG2 a score more).
-  static constexpr bool kKeepDscore = Mod::kSoftcap && Traits::kHeadDim == 64;
+  static constexpr bool kKeepDscore = Mod::kSoftcap && Traits::kHeadDim == 64 && kBlockM == 64;
   struct KeptDscore {
     __half2 pairs[kRows][kCols / 2];
   };
@@ -96,8 +97,11 @@ struct StepMath {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int32_t j = key0 + coords.row(r);
-        const IndexRange queries =
-            j < t.len_kv ? p.mask.query_range(j, t.len_q, t.len_kv) : IndexRange{0, -1};
+        // j and the lengths are non-negative: widened as unsigned, their 64-bit forms in
+        // query_range take no sign word (kept per tile, the 128-row consumers spilled them).
+        const IndexRange queries = j < t.len_kv ? p.mask.query_range(int64_t(uint32_t(j)), int64_t(uint32_t(t.len_q)),
+                                                                     int64_t(uint32_t(t.len_kv)))
+                                                : IndexRange{0, -1};
         const int32_t lo = static_cast<int32_t>(queries.lo) - col0;
         const int32_t hi = static_cast<int32_t>(queries.hi) - col0;
 #pragma unroll
@@ -107,11 +111,14 @@ struct StepMath {
         }
       }
     }
+    // Columns outermost: a column's lse serves both keys and is dead after (rows outermost, the
+    // 128-row block's 32 lse values stayed live across the loop).
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) {
+      const float lse = lse_c[AccumulatorCoords::col_offset(c)];
 #pragma unroll
-      for (int c = 0; c < kCols; ++c)
-        s_rc(r, c) = exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse_c[AccumulatorCoords::col_offset(c)]));
+      for (int r = 0; r < kRows; ++r) s_rc(r, c) = exp2_ftz(fmaf(s_rc(r, c), p.scale_log2, -lse));
+    }
   }
 
   // dP^T (dp_rc, landed) into dS^T in place: P (dP - delta), times the modifier's derivative
@@ -122,13 +129,13 @@ struct StepMath {
                                                     const float* delta_c) {
     if constexpr (Mod::kSoftcap && !kKeepDscore) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) {
+        const int off = AccumulatorCoords::col_offset(c);
+        const float delta = delta_c[off], lse = lse_c[off];
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          const int off = AccumulatorCoords::col_offset(c);
-          dp_rc(r, c) = p_rc(r, c) * (dp_rc(r, c) - delta_c[off]) *
-                        Mod::dscore_of_p(p_rc(r, c), lse_c[off], p.score_mod);
-        }
+        for (int r = 0; r < kRows; ++r)
+          dp_rc(r, c) = p_rc(r, c) * (dp_rc(r, c) - delta) * Mod::dscore_of_p(p_rc(r, c), lse, p.score_mod);
+      }
     } else if constexpr (kKeepDscore) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
@@ -141,10 +148,11 @@ struct StepMath {
         }
     } else {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kCols; ++c) {  // columns outermost, as scores_to_p's exp2
+        const float delta = delta_c[AccumulatorCoords::col_offset(c)];
 #pragma unroll
-        for (int c = 0; c < kCols; ++c)
-          dp_rc(r, c) = p_rc(r, c) * (dp_rc(r, c) - delta_c[AccumulatorCoords::col_offset(c)]);
+        for (int r = 0; r < kRows; ++r) dp_rc(r, c) = p_rc(r, c) * (dp_rc(r, c) - delta);
+      }
     }
   }
 };

@@ -40,7 +40,15 @@ struct TileConfig {
   // one pass), but no P or dS crosses between the warpgroups and each keeps the register shape
   // of the 128 kernel (dK, dV: 64 keys x 128 columns; dQ in 64-column parts).
   static constexpr bool kWide = kHeadDim > 128;
-  static constexpr int kBlockM = 64;
+  // At D = 64 without a modifier or a map a step takes 128 query rows (kBlockM, the same rule as
+  // kernels::backward_block_m): the step's fixed work (barrier, waits, stats, the dQ hand-over) is
+  // spread over twice the FLOPs, and S^T, dP^T (64 keys x 128 rows a warpgroup) are the wgmma's
+  // wider N. dK, dV hold 32 registers each there, so the 64 + 64 of S^T and dP^T fit beside
+  // them; dQ = dS K then splits its rows between the warpgroups (kDqRowsSplit: 64 rows x D each)
+  // instead of its head dim. A modifier's or a map's work per score did not fit beside them
+  // (softcap, relative bias: 14-15 spill instructions in the step): those keep 64 rows.
+  static constexpr int kBlockM = kHeadDim == 64 && kScoreMod == JF_SCORE_MOD_NONE && !kBlockSparse ? 128 : 64;
+  static constexpr bool kDqRowsSplit = kBlockM == 128;
   static constexpr int kBlockN = kWide ? 64 : 128;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeysPerWarpgroup = kWide ? kBlockN : kBlockN / kConsumerWarpgroups;
@@ -65,8 +73,8 @@ struct TileConfig {
   // D = 128, 32 / 232 makes ptxas serialise the consumers' wgmmas and spill them. At D = 96
   // (96 registers of dK/dV a thread) 56 / 224 ends the loader's spills (316 bytes at 24; 40 / 232
   // leaves 92), the consumers free of local memory either way.
-  static constexpr int kProducerRegisters = kHeadDim == 64 ? 72 : kHeadDim == 96 ? 56 : 24;
-  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 216 : kHeadDim == 96 ? 224 : 240;
+  static constexpr int kProducerRegisters = kHeadDim == 64 ? 24 : kHeadDim == 96 ? 56 : 24;
+  static constexpr int kConsumerRegisters = kHeadDim == 64 ? 240 : kHeadDim == 96 ? 224 : 240;
 
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "the Hopper backward serves head dims 64, 96, 128, 192 and 256");
