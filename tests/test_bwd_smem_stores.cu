@@ -29,9 +29,8 @@ uint32_t smem_byte_offset(Layout layout, Coord... coord) {
 template <class Config>
 void expect_ds_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
-  using Offsets =
-      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup,
-                                               Config::kDqRowsSplit>;
+  using Offsets = jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim,
+                                                           Config::kKeysPerWarpgroup, Config::kDqRowsSplit>;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   typename Traits::TiledMmaSdP mma;
@@ -62,9 +61,8 @@ void expect_ds_stores_match_cute() {
 template <class Config>
 void expect_dq_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
-  using Offsets =
-      jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, Config::kKeysPerWarpgroup,
-                                               Config::kDqRowsSplit>;
+  using Offsets = jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim,
+                                                           Config::kKeysPerWarpgroup, Config::kDqRowsSplit>;
   constexpr int kBlockM = Config::kBlockM, kHeadDim = Config::kHeadDim;
   typename Traits::TiledMmaDq mma;
   typename Traits::SmemLayoutDq dq_layout;
@@ -120,7 +118,8 @@ void expect_dkv_staging_conflict_free() {
     // three quarters.
     if (Staging::kPowerOfTwoRows) {
       ASSERT_EQ(own.size(), size_t{Config::kDsBuffers} * Staging::kStageHalf);
-      ASSERT_EQ(slots.size() * 16 * (Config::kDsBuffers * Staging::kStageHalf / (64 * Staging::kRowBytes)), own.size());
+      ASSERT_EQ(slots.size() * 16 * (Config::kDsBuffers * Staging::kStageHalf / (64 * Staging::kRowBytes)),
+                own.size());
     } else {
       ASSERT_EQ(slots.size() * 16 * 4, own.size() * 3);
     }

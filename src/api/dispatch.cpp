@@ -257,13 +257,13 @@ BackwardWorkspace backward_workspace(const jf_bwd_args& a) {
   // The dQ accumulator and the split partials keep the kernel's head dim (a padded one's too); the
   // plan's KV blocks are the kernel's (64 keys in the wide one).
   const int block_n = kernels::backward_block_n(w.hopper->head_dim);
-  const int block_m = kernels::backward_block_m(w.hopper->head_dim, w.hopper->score_mod, w.hopper->block_sparse);
+  const int block_m =
+      kernels::backward_block_m(w.hopper->head_dim, w.hopper->score_mod, w.hopper->block_sparse);
   w.layout = WorkspaceLayout::backward_hopper(p.q.heads, output_rows(p), w.hopper->head_dim, p.k.heads,
                                               p.k.rows, backward_group_splits(a, block_n, block_m));
   if (is_pooled(p)) w.layout = WorkspaceLayout::with_pooled_offsets(w.layout, p.batch_size);
-  w.plan =
-      schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p), block_n,
-                                       block_m, p.block_mask.blocks != nullptr);
+  w.plan = schedule::DevicePlanLayout::make(w.layout.total_bytes, p.batch_size, p.k.rows, output_rows(p),
+                                            block_n, block_m, p.block_mask.blocks != nullptr);
   w.bytes = w.plan.total_bytes;
   return w;
 }

@@ -58,7 +58,7 @@ constexpr int kNarrowBackwardBlockM = 128;
 constexpr int backward_block_m(int kernel_head_dim, jf_score_mod score_mod = JF_SCORE_MOD_NONE,
                                bool block_sparse = false) {
   return kernel_head_dim == 64 && score_mod == JF_SCORE_MOD_NONE && !block_sparse ? kNarrowBackwardBlockM
-                                                                                   : kBackwardBlockM;
+                                                                                  : kBackwardBlockM;
 }
 constexpr int kBackwardBlockN = 128;
 constexpr int kWideBackwardBlockN = 64;

@@ -94,7 +94,8 @@ cudaError_t run_backward(const jf_bwd_args& a, const HopperBackwardLaunch& launc
   using Traits = KernelTraits<Config>;
   // The workspace (api/workspace.hpp) has one Q block of slack after the last row, and the
   // dispatcher sizes the plan for this tile shape.
-  static_assert(Config::kBlockM == backward_block_m(kHeadDim, kMod, kSparse) && Config::kBlockN == backward_block_n(kHeadDim),
+  static_assert(Config::kBlockM == backward_block_m(kHeadDim, kMod, kSparse) &&
+                    Config::kBlockN == backward_block_n(kHeadDim),
                 "tile shape");
   const jf_problem& pb = a.problem;
   const int32_t heads = pb.q.heads;

@@ -40,7 +40,8 @@ struct Consumer {
   using StoreOffsets =
       SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value, Traits::kDqRowsSplit>;
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
-  static_assert(kDsBufferBytes == DkvStaging<Traits::kHeadDim, int(sizeof(Element)), kDsBufferBytes>::kBufferBytes &&
+  static_assert(kDsBufferBytes ==
+                        DkvStaging<Traits::kHeadDim, int(sizeof(Element)), kDsBufferBytes>::kBufferBytes &&
                     Traits::kDsBuffers == 2 && Traits::WgKeys::value == 64,
                 "the dK/dV staging's view of the dS buffers");
 

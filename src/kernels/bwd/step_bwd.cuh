@@ -25,7 +25,7 @@ struct StepMath {
   using Mod = typename Traits::ScoreMod;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kRows = 2;   // keys of S^T a thread
+  static constexpr int kRows = 2;            // keys of S^T a thread
   static constexpr int kCols = kBlockM / 4;  // query rows of the Q block a thread
 
   // The score modifier (none in the default kernels: nothing of it is compiled). Softcap's dS
@@ -99,9 +99,10 @@ struct StepMath {
         const int32_t j = key0 + coords.row(r);
         // j and the lengths are non-negative: widened as unsigned, their 64-bit forms in
         // query_range take no sign word (kept per tile, the 128-row consumers spilled them).
-        const IndexRange queries = j < t.len_kv ? p.mask.query_range(int64_t(uint32_t(j)), int64_t(uint32_t(t.len_q)),
-                                                                     int64_t(uint32_t(t.len_kv)))
-                                                : IndexRange{0, -1};
+        const IndexRange queries = j < t.len_kv
+                                       ? p.mask.query_range(int64_t(uint32_t(j)), int64_t(uint32_t(t.len_q)),
+                                                            int64_t(uint32_t(t.len_kv)))
+                                       : IndexRange{0, -1};
         const int32_t lo = static_cast<int32_t>(queries.lo) - col0;
         const int32_t hi = static_cast<int32_t>(queries.hi) - col0;
 #pragma unroll
