@@ -12,6 +12,7 @@
 #include "core/dtype.hpp"
 #include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"
+#include "oracle/oracle.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -84,6 +85,14 @@ inline std::string hopper_unserved(const HopperCall& c, bool forward, bool backw
          "JAGFLASH_BACKWARD_HEAD_DIMS)";
 }
 
+// Empty when the build's GPU oracle has (dtype, head dim) (oracle::find: a trimmed build
+// instantiates it for JAGFLASH_HEAD_DIMS only); else why not.
+inline std::string oracle_unserved(jf_dtype dtype, int head_dim) {
+  if (oracle::find(dtype, head_dim) != nullptr) return "";
+  return std::string(dtype_name(dtype)) + "/" + std::to_string(head_dim) +
+         ": this build instantiates no GPU oracle for it (JAGFLASH_HOPPER_DTYPES, JAGFLASH_HEAD_DIMS)";
+}
+
 // The cases of one test: those served run, the others are kept with their reason.
 class HopperCases {
  public:
@@ -101,6 +110,8 @@ class HopperCases {
   }
   // A case skipped for a reason of the test's own.
   void skip(const std::string& why) { note(why); }
+  // True when the build's GPU oracle has (dtype, head dim); else false, the case noted as skipped.
+  bool oracle_has(jf_dtype dtype, int head_dim) { return note(oracle_unserved(dtype, head_dim)); }
   int ran() const { return ran_; }
   bool any_skipped() const { return !skipped_.empty(); }
   std::string summary() const {
