@@ -27,13 +27,15 @@ import jagflash
 
 CUDNN = "cuDNN ragged"
 CUDNN_NESTED_ENV = "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED"
-PEERS = ("FA2 varlen", "FA3 varlen", "varlen_attn", "FlexAttention", CUDNN)
+FA4 = "FA4 varlen"
+PEERS = ("FA2 varlen", "FA3 varlen", "varlen_attn", "FlexAttention", CUDNN, FA4)
 IMPLEMENTATIONS = ("jagflash",) + PEERS
 # What a run takes without --impls: every implementation but cuDNN, whose calls spend tens of ms
 # each on the host (its graph rebuilt) and a profiler session each: by estimate (not measured) a
 # minute more over compare.py's 20 cases, which scripts/gpu-python.sh's time limit for compare.py
-# does not leave room for.
-DEFAULT_IMPLEMENTATIONS = tuple(name for name in IMPLEMENTATIONS if name != CUDNN)
+# does not leave room for; and FA4, which JIT-compiles each configuration at its first call and is
+# carried to the GPU machine in three calls (shared/peers/fa4/README.md).
+DEFAULT_IMPLEMENTATIONS = tuple(name for name in IMPLEMENTATIONS if name not in (CUDNN, FA4))
 # What the backward bars of issues 13 and 14 compare (and the training step runs).
 BAR_IMPLEMENTATIONS = ("jagflash", "FA2 varlen", "FA3 varlen")
 _FLEX_BLOCK = 128
@@ -172,6 +174,28 @@ class FlashAttention3(_Autograd):
         x = self.x
         out = self.fn(x.q, x.k, x.v, x.offsets, x.offsets, x.max_len, x.max_len, causal=x.causal)
         return out[0] if isinstance(out, tuple) else out  # some FA3 versions return (out, lse)
+
+
+class FlashAttention4(_Autograd):
+    """flash_attn.cute.flash_attn_varlen_func (FlashAttention-4, CuTe DSL, flash-attn-4 on PyPI):
+    a benchmark peer only, asked for by name (--impls FA4_varlen) where shared/peers/fa4 was
+    installed on the GPU machine; its first call of a configuration compiles it (seconds), which the
+    warm-up calls absorb."""
+
+    def __init__(self, x):
+        from flash_attn.cute import flash_attn_varlen_func
+
+        if not x.q.is_cuda:
+            raise RuntimeError("needs CUDA")
+        self.x, self.leaves, self.dout = x, (x.q, x.k, x.v), x.dout
+        self.fn = flash_attn_varlen_func
+
+    def forward(self):
+        x = self.x
+        max_len = int(x.max_len)  # FA4 takes Python ints
+        out = self.fn(x.q, x.k, x.v, cu_seqlens_q=x.offsets, cu_seqlens_k=x.offsets, max_seqlen_q=max_len,
+                      max_seqlen_k=max_len, causal=x.causal)
+        return out[0] if isinstance(out, tuple) else out  # (out, lse)
 
 
 class VarlenAttn(_Autograd):
@@ -401,4 +425,6 @@ def make(name, inputs, compile_flex=True):
         return FlexAttention(inputs, compile_flex)
     if name == CUDNN:
         return CudnnRagged(inputs)
+    if name == FA4:
+        return FlashAttention4(inputs)
     raise ValueError(f"unknown implementation {name!r}")

@@ -4,7 +4,7 @@ prints last, and the PNG chart."""
 from collections import defaultdict
 from pathlib import Path
 
-from peers import CUDNN, IMPLEMENTATIONS, PEERS
+from peers import CUDNN, FA4, IMPLEMENTATIONS, PEERS
 
 COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "FA3 varlen": "#ff7f0e", "varlen_attn": "#9ecae1",
            "FlexAttention": "#2ca02c", CUDNN: "#9467bd"}
@@ -235,8 +235,9 @@ def _ratio_cell(impls):
 
 
 def table(rows):
-    # cuDNN's column only in runs that asked for it (it is not in the default run).
-    names = [name for name in IMPLEMENTATIONS if name != CUDNN or any(r["impl"] == CUDNN for r in rows)]
+    # cuDNN's and FA4's columns only in runs that asked for them (they are not in the default run).
+    names = [name for name in IMPLEMENTATIONS
+             if name not in (CUDNN, FA4) or any(r["impl"] == name for r in rows)]
     head = "| dist | mask | D | " + " | ".join(names) + " | jagflash / best peer |"
     lines = [head, "|" + "---|" * (len(names) + 4)]
     for (dist, mask, head_dim), impls in _by_case(rows).items():

@@ -387,6 +387,9 @@ def markdown(meta, rows, png_name):
     lines += ["Backward, jagflash / FA3 varlen (ratio):", "", table(meta, rows, "bwd"), "",
               "Backward, jagflash / FA2 varlen (ratio):", "", table(meta, rows, "bwd", "FA2 varlen"), "",
               "Forward, jagflash / FA3 varlen (ratio):", "", table(meta, rows, "fwd"), ""]
+    if peers.FA4 in meta["impls"]:
+        lines += [f"Backward, jagflash / {peers.FA4} (ratio):", "", table(meta, rows, "bwd", peers.FA4), "",
+                  f"Forward, jagflash / {peers.FA4} (ratio):", "", table(meta, rows, "fwd", peers.FA4), ""]
     if peers.CUDNN in meta["impls"]:
         lines += [f"Forward, jagflash / {peers.CUDNN}{report.KERNEL_TIME_MARK} (ratio):", "",
                   table(meta, rows, "fwd", peers.CUDNN), ""]
@@ -463,6 +466,11 @@ def main():
     # After the backward's table, so that scripts/gpu-sweep.sh's summary (from that line on) has them.
     print("sweep.py: forward TFLOP/s, jagflash / FA3 varlen (ratio)")
     print(table(meta, rows, "fwd"))
+    if peers.FA4 in meta["impls"]:
+        print(f"sweep.py: backward TFLOP/s, jagflash / {peers.FA4} (ratio)")
+        print(table(meta, rows, "bwd", peers.FA4))
+        print(f"sweep.py: forward TFLOP/s, jagflash / {peers.FA4} (ratio)")
+        print(table(meta, rows, "fwd", peers.FA4))
     if peers.CUDNN in meta["impls"]:
         print(f"sweep.py: forward TFLOP/s, jagflash / {peers.CUDNN} (ratio; its GPU kernels' time from torch.profiler)")
         print(table(meta, rows, "fwd", peers.CUDNN))
