@@ -7,7 +7,7 @@ from pathlib import Path
 from peers import CUDNN, FA4, IMPLEMENTATIONS, PEERS
 
 COLOURS = {"jagflash": "#d62728", "FA2 varlen": "#1f77b4", "FA3 varlen": "#ff7f0e", "varlen_attn": "#9ecae1",
-           "FlexAttention": "#2ca02c", CUDNN: "#9467bd"}
+           "FlexAttention": "#2ca02c", CUDNN: "#9467bd", FA4: "#8c564b"}
 KERNEL_TIME_MARK = "³"  # a figure from the GPU kernels' time in the profiler, not from events
 SKIPPED_MARK = "⁴"
 
