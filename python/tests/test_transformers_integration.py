@@ -165,6 +165,24 @@ def test_packed_training_follows_separate_documents(name, config_name):
                                atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("config_name", ["llama", "gemma2"])
+def test_generation_with_kv_cache_matches_eager(name, config_name):
+    """Decoding with a KV cache (queries fewer than keys: bottom-right causal), plain and with a
+    left-padded batch: the same greedy tokens and logits as eager."""
+    model, ref = _models(config_name, name, "eager")
+    model.config.pad_token_id = ref.config.pad_token_id = 0
+    docs = _documents(seed=5)[:2]
+    ids = torch.zeros(2, 11, dtype=torch.long)
+    mask = torch.zeros(2, 11, dtype=torch.long)
+    for row, d in enumerate(docs):
+        ids[row, 11 - d.shape[1]:], mask[row, 11 - d.shape[1]:] = d[0], 1
+    for inputs in (dict(input_ids=docs[1]), dict(input_ids=ids, attention_mask=mask)):
+        settings = dict(max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        got, want = model.generate(**inputs, **settings), ref.generate(**inputs, **settings)
+        assert torch.equal(got.sequences, want.sequences)
+        torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), atol=ATOL, rtol=RTOL)
+
+
 def test_dropout_in_training_is_refused(name):
     config = CONFIGS["llama"]()
     config.attention_dropout = 0.1
