@@ -224,6 +224,19 @@ def test_contract_and_registration(name):
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
+def test_offsets_from_position_ids_read_once_a_forward():
+    """Restarts in any row start a sequence; the same position_ids tensor (every layer of one
+    forward gets it) is read once, and again after it is written in place."""
+    position_ids = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]])
+    offsets = jf_transformers._offsets_from_position_ids(position_ids, 2)
+    assert offsets.tolist() == [0, 3, 5, 7, 10] and offsets.dtype == torch.int32
+    assert jf_transformers._offsets_from_position_ids(position_ids, 2) is offsets
+    position_ids[1] = torch.arange(5)
+    assert jf_transformers._offsets_from_position_ids(position_ids, 2).tolist() == [0, 3, 5, 10]
+    # One row of positions for a batch of rows, as models make them when none are given.
+    assert jf_transformers._offsets_from_position_ids(torch.arange(4)[None], 3).tolist() == [0, 4, 8, 12]
+
+
 def test_importing_jagflash_does_not_import_transformers():
     code = "import sys, jagflash; assert 'transformers' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

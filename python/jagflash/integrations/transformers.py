@@ -63,7 +63,7 @@ def _row_offsets(batch: int, length: int, device: torch.device) -> Tensor:
 # The packed offsets of the last position_ids seen: every layer of a forward gets the same tensor,
 # so the host read happens once a forward, not once a layer. The tensor itself is held so that
 # its memory cannot be reused by another one; _version changes when it is written in place.
-_last_position_ids: Optional[Tuple[Tensor, int, Tensor]] = None
+_last_position_ids: Optional[Tuple[Tensor, int, int, Tensor]] = None
 
 
 def _offsets_from_position_ids(position_ids: Tensor, batch: int) -> Tensor:
@@ -73,15 +73,15 @@ def _offsets_from_position_ids(position_ids: Tensor, batch: int) -> Tensor:
     global _last_position_ids
     cached = _last_position_ids
     if cached is not None and cached[0] is position_ids and cached[1] == position_ids._version and \
-            cached[2].device == position_ids.device and position_ids.shape[0] == batch:
-        return cached[2]
+            cached[2] == batch:
+        return cached[3]
     rows = position_ids.expand(batch, -1)
     starts = torch.ones_like(rows, dtype=torch.bool)
     starts[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
     flat = starts.reshape(-1)
     offsets = torch.cat([flat.nonzero().reshape(-1), flat.new_tensor([flat.numel()], dtype=torch.long)])
     offsets = offsets.to(torch.int32)
-    _last_position_ids = (position_ids, position_ids._version, offsets)
+    _last_position_ids = (position_ids, position_ids._version, batch, offsets)
     return offsets
 
 
