@@ -35,8 +35,10 @@ def _configs():
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return {
         "llama": lambda: transformers.LlamaConfig(**shared),
+        "qwen2": lambda: transformers.Qwen2Config(**shared),
         "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **shared),
-        "mistral": lambda: transformers.MistralConfig(sliding_window=None, **shared),
+        # a 6-token window on every layer
+        "mistral": lambda: transformers.MistralConfig(sliding_window=6, **shared),
         # softcap on the scores and a 4-token window on alternate layers
         "gemma2": lambda: transformers.Gemma2Config(head_dim=16, sliding_window=4, attn_logit_softcapping=5.0,
                                                     query_pre_attn_scalar=16, **shared),
