@@ -14,8 +14,8 @@ venv="${JAGFLASH_VENV:-$root/.venv}"
 t0=$SECONDS
 scripts/venv-install-torch.sh "$venv" "$TORCH_PIP_VERSION"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir \
-  "pytest==$PYTEST_PIP_VERSION" "numpy==$NUMPY_PIP_VERSION"
-echo "test-python: torch $TORCH_PIP_VERSION and pytest ready in $((SECONDS - t0)) s"
+  "pytest==$PYTEST_PIP_VERSION" "numpy==$NUMPY_PIP_VERSION" "transformers==$TRANSFORMERS_PIP_VERSION"
+echo "test-python: torch $TORCH_PIP_VERSION, pytest and transformers $TRANSFORMERS_PIP_VERSION ready in $((SECONDS - t0)) s"
 # The compiled PyTorch binding with warnings as errors, as the C++ build in scripts/test.sh.
 JAGFLASH_BINDING_WERROR=1 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir .
 # From the tests' folder, so `import jagflash` is the installed package, not python/jagflash.
