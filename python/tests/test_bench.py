@@ -414,3 +414,33 @@ def test_update_results_appends_to_the_dated_log_and_puts_the_chart_in_bench(tmp
     assert (tmp_path / "RESULTS.md").read_text() == "# standing\n"
     history, png = report.append_results("## no chart\n", None, tmp_path)
     assert png is None and history.read_text().endswith("## no chart\n")
+
+
+def test_fa4_is_asked_for_by_name_and_called_with_its_keywords(monkeypatch):
+    # FlashAttention-4 (shared/peers/fa4) is never in a default run; named, it is called with its
+    # keyword arguments and Python-int max lengths, and its (out, lse) gives out.
+    assert peers.FA4 not in compare.parse_args([]).impls and peers.FA4 not in compare.parse_args(["--bwd-only"]).impls
+    assert compare.parse_args(["--impls", "jagflash", "FA4_varlen"]).impls == ["jagflash", "FA4 varlen"]
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, causal=False):
+        calls.append((type(max_seqlen_q), max_seqlen_q, max_seqlen_k, causal, cu_seqlens_q is cu_seqlens_k))
+        return q * 2, None
+
+    cute = types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(cute=cute))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    lengths = [3, 5]
+    q, k, v, dout = (torch.randn(8, 2, 64, dtype=torch.bfloat16) for _ in range(4))
+    inputs = peers.Inputs(q.requires_grad_(), k, v, dout, peers.offsets_of(lengths, "cpu"), lengths, True, 128)
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        peers.make("FA4 varlen", inputs)
+    impl = peers.FlashAttention4.__new__(peers.FlashAttention4)
+    impl.x, impl.leaves, impl.dout, impl.fn = inputs, (inputs.q,), dout, flash_attn_varlen_func
+    assert torch.equal(impl.forward(), q * 2)
+    assert calls == [(int, 5, 5, True, True)]
+    # Its column appears in the report only when the run has it.
+    rows = _synthetic_rows()
+    assert "FA4 varlen" not in report.table(rows)
+    assert "| FA4 varlen |" in report.table(rows + [dict(rows[0], impl="FA4 varlen")])
