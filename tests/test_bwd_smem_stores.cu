@@ -29,8 +29,7 @@ uint32_t smem_byte_offset(Layout layout, Coord... coord) {
 template <class Config>
 void expect_ds_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
-  using Offsets = jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim,
-                                                           Config::kKeysPerWarpgroup, Config::kDqRowsSplit>;
+  using Offsets = jagflash::kernels::bwd::StoreOffsetsOf<Traits>;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   typename Traits::TiledMmaSdP mma;
@@ -61,8 +60,7 @@ void expect_ds_stores_match_cute() {
 template <class Config>
 void expect_dq_stores_match_cute() {
   using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
-  using Offsets = jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim,
-                                                           Config::kKeysPerWarpgroup, Config::kDqRowsSplit>;
+  using Offsets = jagflash::kernels::bwd::StoreOffsetsOf<Traits>;
   constexpr int kBlockM = Config::kBlockM, kHeadDim = Config::kHeadDim;
   typename Traits::TiledMmaDq mma;
   typename Traits::SmemLayoutDq dq_layout;

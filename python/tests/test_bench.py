@@ -216,6 +216,19 @@ def test_fa3_is_skipped_with_a_note_when_it_does_not_import(monkeypatch):
     assert "jagflash / FA3 varlen bwd >= 1.2 (every D = 128 case): no case measured in this run" in section
 
 
+def _peer_on_cpu(name, cls, fn):
+    """A peer over a small causal CPU batch (lengths 3 and 5, H 2, D 64, bf16): refused by
+    peers.make (it needs CUDA), then built past that check around `fn`. Returns (impl, q, dout)."""
+    lengths = [3, 5]
+    q, k, v, dout = (torch.randn(8, 2, 64, dtype=torch.bfloat16) for _ in range(4))
+    inputs = peers.Inputs(q.requires_grad_(), k, v, dout, peers.offsets_of(lengths, "cpu"), lengths, True, 128)
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        peers.make(name, inputs)
+    impl = cls.__new__(cls)
+    impl.x, impl.leaves, impl.dout, impl.fn = inputs, (inputs.q,), dout, fn
+    return impl, q, dout
+
+
 def test_fa3_is_used_when_it_imports(monkeypatch):
     calls = []
 
@@ -230,14 +243,8 @@ def test_fa3_is_used_when_it_imports(monkeypatch):
     meta = {"impls": list(args.impls), "skipped": {}}
     compare.skip_unavailable(args, meta)
     assert "FA3 varlen" in args.impls and meta["skipped"] == {}
-    lengths = [3, 5]
-    q, k, v, dout = (torch.randn(8, 2, 64, dtype=torch.bfloat16) for _ in range(4))
-    inputs = peers.Inputs(q.requires_grad_(), k, v, dout, peers.offsets_of(lengths, "cpu"), lengths, True, 128)
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        peers.make("FA3 varlen", inputs)
     # Its forward on the CPU, past the device check: out only, and autograd for the backward.
-    impl = peers.FlashAttention3.__new__(peers.FlashAttention3)
-    impl.x, impl.leaves, impl.dout, impl.fn = inputs, (inputs.q,), dout, flash_attn_varlen_func
+    impl, q, dout = _peer_on_cpu("FA3 varlen", peers.FlashAttention3, flash_attn_varlen_func)
     out = impl.forward()
     assert torch.equal(out, q * 2) and calls == [(5, 5, True)]
     (dq,) = impl.backward(out)
@@ -431,13 +438,7 @@ def test_fa4_is_asked_for_by_name_and_called_with_its_keywords(monkeypatch):
     cute = types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func)
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(cute=cute))
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
-    lengths = [3, 5]
-    q, k, v, dout = (torch.randn(8, 2, 64, dtype=torch.bfloat16) for _ in range(4))
-    inputs = peers.Inputs(q.requires_grad_(), k, v, dout, peers.offsets_of(lengths, "cpu"), lengths, True, 128)
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        peers.make("FA4 varlen", inputs)
-    impl = peers.FlashAttention4.__new__(peers.FlashAttention4)
-    impl.x, impl.leaves, impl.dout, impl.fn = inputs, (inputs.q,), dout, flash_attn_varlen_func
+    impl, q, _ = _peer_on_cpu("FA4 varlen", peers.FlashAttention4, flash_attn_varlen_func)
     assert torch.equal(impl.forward(), q * 2)
     assert calls == [(int, 5, 5, True, True)]
     # Its column appears in the report only when the run has it.

@@ -37,8 +37,7 @@ struct DqHandoff {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr uint32_t kDqStages = Traits::kDqStages;
   static constexpr uint32_t kDqStageBytes = Traits::kDqStageBytes;
-  using StoreOffsets =
-      SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value, Traits::kDqRowsSplit>;
+  using StoreOffsets = StoreOffsetsOf<Traits>;
 
   // Without pooled_dq_sum the dQ ring moves with the Q/dO ring (one stage a Q block: the
   // consumers' `uses`, one counter for both); with it, it counts handed-over stages (flushes),

@@ -37,8 +37,7 @@ struct Consumer {
   static constexpr int kStages = Traits::kStages;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  using StoreOffsets =
-      SmemStoreOffsets<kBlockM, Traits::kHeadDim, Traits::WgKeys::value, Traits::kDqRowsSplit>;
+  using StoreOffsets = StoreOffsetsOf<Traits>;
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
   static_assert(kDsBufferBytes ==
                         DkvStaging<Traits::kHeadDim, int(sizeof(Element)), kDsBufferBytes>::kBufferBytes &&

@@ -53,6 +53,7 @@ struct SmemStoreOffsets {
   // At D = 96 a warpgroup's 48 columns are one box and a half: warpgroup 1 starts in the middle
   // of box 1.
   static constexpr bool kWholeBoxes = kDqCols % 32 == 0;
+  static_assert(kWholeBoxes || !kDqRowsSplit, "a rows-split partial has every column: whole boxes");
   // Column 8 j + 2 (l%4) is in box j / 4 (plus the warpgroup's boxes), chunk 2 (j%4) + (l%4)/2 of
   // its row, XOR-ed with row % 8 = l / 4: (2 (j%4)) XOR a per-thread term, as for dS. Without
   // whole boxes, j counts from the stage's first column (g below) instead.
@@ -60,11 +61,10 @@ struct SmemStoreOffsets {
     const int warpgroup = thread / 128, warp = (thread % 128) / 32, lane = thread % 32;
     const int row = (kDqRowsSplit ? warpgroup * 64 : 0) + warp * 16 + h * 8 + (lane >> 2);
     const int chunk_term = ((lane >> 1) & 1) ^ (lane >> 2);
-    if constexpr (kDqRowsSplit) {
-      return static_cast<uint32_t>((j / 4) * kBoxBytes + row * 128 + (((2 * (j % 4)) ^ chunk_term) << 4) +
-                                   (lane & 1) * 8);
-    } else if constexpr (kWholeBoxes) {
-      return static_cast<uint32_t>((warpgroup * (kDqCols / 32) + j / 4) * kBoxBytes + row * 128 +
+    if constexpr (kWholeBoxes) {
+      // Rows split: each warpgroup's columns start at box 0; else warpgroup 1's after warpgroup 0's.
+      const int first_box = kDqRowsSplit ? 0 : warpgroup * (kDqCols / 32);
+      return static_cast<uint32_t>((first_box + j / 4) * kBoxBytes + row * 128 +
                                    (((2 * (j % 4)) ^ chunk_term) << 4) + (lane & 1) * 8);
     } else {
       const int g = warpgroup * kDqGroups + j;
@@ -73,6 +73,12 @@ struct SmemStoreOffsets {
     }
   }
 };
+
+// The offsets of a backward kernel's traits (KernelTraits: the mainloop, the dQ hand-over and the
+// host test use the same).
+template <class Traits>
+using StoreOffsetsOf =
+    SmemStoreOffsets<Traits::kBlockM, Traits::kHeadDim, Traits::WgKeys::value, Traits::kDqRowsSplit>;
 
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
                                             uint32_t r3) {
