@@ -2,8 +2,9 @@
 // loading thread (loader_bwd.cuh) and the dQ writer (dq_writer.cuh). Per tile (a KV block of a
 // KV head, against every Q block and query head that sees it) the tile loop runs one step per
 // Q block: S^T and dP^T GEMMs, P^T and dS^T in registers (step_bwd.cuh), dS^T to shared memory,
-// dV += P^T dO, dK += dS^T Q, and dQ = dS K into a dQ stage for the writer (dq_handoff_bwd.cuh);
-// dK and dV are stored at the tile's end through the dS buffers (epilogue_bwd.cuh).
+// dV += P^T dO, dK += dS^T Q, and the previous Q block's dQ = dS K into a dQ stage for the writer
+// (dq_handoff_bwd.cuh); dK and dV are stored at the tile's end through the dS buffers
+// (epilogue_bwd.cuh).
 #pragma once
 
 #include "kernels/bwd/dq_handoff_bwd.cuh"
@@ -47,10 +48,22 @@ struct Consumer {
   static constexpr int kKeysPerWarpgroup = Traits::WgKeys::value;
   // dQ's k-blocks (16 keys each) over warpgroup 0's keys.
   static constexpr int kLowerKBlocks = kKeysPerWarpgroup / 16;
-  // Warpgroup 1 idles on tiles whose upper keys are past the sequence (below). At D = 64 and 96
+  // Warpgroup 1 idles on tiles whose upper keys are past the sequence (step). At D = 64 and 96
   // the branches spread the dV/dK wgmma issue and cost the long batches more than they gain on
   // short ones (bench/NOTES.md): D = 128 only.
   static constexpr bool kSkipIdleUpperKeys = Traits::kHeadDim == 128;
+  // A warpgroup issues a Q block's dQ = dS K one step late, beside the next block's dV and dK: it
+  // reads the other warpgroup's dS, by then long in shared memory, so neither waits for the other
+  // inside a step. (With dQ in its own step both met at a barrier every step and computed their
+  // scores at the same time, the tensor cores idle meanwhile.) A warpgroup's arrival on
+  // ds_ready(warpgroup, u) after its u-th step says: its dS of that step is in buffer u % 2, and
+  // its dQ of the step before has read buffer (u - 1) % 2 (which the other warpgroup may then
+  // overwrite). The other warpgroup consumes each arrival once: before its next step's dS store,
+  // or before the tile's last dQ (drained at the tile's end). Hardware named-barrier ids 2-5
+  // (CUTLASS's NamedBarrier::sync adds 8 to its ids: 10-12 are the epilogue's), one per
+  // warpgroup and parity of u, so that an arrival for step u + 2 cannot complete a phase the
+  // other warpgroup has not yet synced on for step u.
+  __device__ static uint32_t ds_ready(int warpgroup, uint32_t u) { return 2 + 2 * warpgroup + (u & 1); }
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -141,93 +154,109 @@ struct Consumer {
       if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
     };
 
-    // One step: Q block m (query head h, the tile's i-th step) against the tile's keys from key0.
+    // S^T and dP^T of Q block m (first row row0, query head h; q_at: the Q/dO ring's position) to
+    // P^T and dS^T in registers, in the input dtype (the A operands of dV and dK).
+    auto p_and_ds = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t m, int32_t row0,
+                        RingPosition<kStages> q_at, uint32_t gemm_stage, bool last_dp) {
+      issue_s_dp(q_at, gemm_stage);
+      const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
+      const float* lse_c = smem.lse.data() + q_at.stage() * Traits::kStatStride + stat_skip + coords.col_base;
+      const float* delta_c =
+          smem.delta.data() + q_at.stage() * Traits::kStatStride + stat_skip + coords.col_base;
+      Math::scores_to_p(s_rc, dscore, p, t, h, m, row0, key0, coords, lse_c);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrDp);
+      if (last_dp) release_v();  // the tile's last dP GEMM has read V: the next tile's may load
+      Math::ds_from_dp(dp_rc, s_rc, dscore, p, lse_c, delta_c);
+#pragma unroll
+      for (int e = 0; e < size(tSrS); ++e) {
+        tPrP(e) = static_cast<Element>(tSrS(e));
+        tDsrDs(e) = static_cast<Element>(tSrDp(e));
+      }
+    };
+    // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by stmatrix
+    // from addresses derived here from a thread index read afresh (kept across the loop, they
+    // spilled).
+    auto store_ds = [&](uint32_t ds_buf) {
+      store_ds_smem<StoreOffsets>(tDsrDs,
+                                  cute::cast_smem_ptr_to_uint(smem.ds.data()) + ds_buf * kDsBufferBytes,
+                                  fresh_consumer_thread());
+      cutlass::arch::fence_view_async_shared();
+    };
+
+    // The Q block whose dQ is still to be issued (its query head, or -1: none, and its index); its
+    // ring position is uses - 1 (the step before).
+    int32_t dq_h = -1, dq_m = 0;
+    const int warpgroup = wg_thread0 / 128;
+    auto hand_over_dq = [&](const TileInfo& t) {
+      warpgroup_fence_operand(tDQrDQ);
+      dq_handoff.hand_over(p, smem, t, dq_h, dq_m, dq_m * kBlockM, uses - 1, tDQrDQ, thread, lane);
+    };
+    // A short sequence's last KV block may end within the tile's lower 64 keys: then warpgroup 1
+    // (the upper keys) skips S^T, dP^T, dS, dV and dK, and dQ = dS K runs over the lower 64 keys
+    // only. (Per block, a causal or window edge hiding the upper keys from a Q block would qualify
+    // too; the predicates it needed pushed the tile's round counter into local memory.)
+    auto upper_keys_seen_in = [&](const TileInfo& t, int32_t key0) {
+      return !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
+    };
+    // One step: Q block m's (query head h, the tile's i-th step, against the tile's keys from
+    // key0) scores, dS, dV and dK, and the dQ of the step before (in this tile).
     auto step = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t i, int32_t m) {
-      const RingPosition<kStages> q_at{uses};  // the Q/dO ring
-      const uint32_t stage = q_at.stage(), ds_buf = uses % Traits::kDsBuffers;
-      // The same for the GEMMs' descriptors, as values the compiler knows to be warp-uniform.
+      const RingPosition<kStages> q_at{uses};
       views.refresh();
       const uint32_t gemm_uses = __shfl_sync(0xffffffff, uses, 0);
       const uint32_t gemm_stage = gemm_uses % kStages, gemm_ds_buf = gemm_uses % Traits::kDsBuffers;
-      const int32_t row0 = m * kBlockM;
-      // A short sequence's last KV block may end within the tile's lower 64 keys: then
-      // warpgroup 1 (the upper keys) skips S^T, dP^T, dS, dV and dK and dQ = dS K runs over
-      // the lower 64 keys only. (Per block, a causal or window edge hiding the upper keys
-      // from a Q block would qualify too; the predicates it needed pushed the tile's round
-      // counter into local memory at D = 128.)
+      // upper_keys_seen_in(t, key0), written out: through the lambda ptxas duplicated a dQ GEMM.
       const bool upper_keys_seen = !kSkipIdleUpperKeys || key0 + kKeysPerWarpgroup < t.len_kv;
-      const bool computes = wg_thread0 == 0 || upper_keys_seen;
-      // The tile's last dP GEMM frees V early; with a block-sparse map the last visible step is
-      // not known ahead, so V is freed at the tile's end instead.
+      const bool computes = warpgroup == 0 || upper_keys_seen;
       const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
-      if (computes) {
-        issue_s_dp(q_at, gemm_stage);
-        const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
-        const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-        const float* delta_c = smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-        Math::scores_to_p(s_rc, dscore, p, t, h, m, row0, key0, coords, lse_c);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrDp);
-        if (last_dp) release_v();  // the tile's last dP GEMM has read V: the next tile's may load
-        Math::ds_from_dp(dp_rc, s_rc, dscore, p, lse_c, delta_c);
-#pragma unroll
-        for (int e = 0; e < size(tSrS); ++e) {
-          tPrP(e) = static_cast<Element>(tSrS(e));
-          tDsrDs(e) = static_cast<Element>(tSrDp(e));
+      const bool dq_pending = dq_h >= 0;
+      if (!computes) {  // warpgroup 1 with no visible key: the previous step's dQ over the lower keys
+        if (last_dp) release_v();
+        if (dq_pending) {
+          common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+          issue_dq(gemm_ds_buf ^ 1, upper_keys_seen);
+          warpgroup_wait<0>();
+          hand_over_dq(t);
         }
-        // dS to shared memory for dQ = dS K (the other warpgroup needs this one's keys), by
-        // stmatrix from addresses derived here from a thread index read afresh (kept across the
-        // loop, they spilled).
-        store_ds_smem<StoreOffsets>(tDsrDs,
-                                    cute::cast_smem_ptr_to_uint(smem.ds.data()) + ds_buf * kDsBufferBytes,
-                                    fresh_consumer_thread());
-        cutlass::arch::fence_view_async_shared();
-      } else if (last_dp) {
-        release_v();
-      }
-      // Once dQ is done its partial goes to the dQ stage while the GEMMs after it still run, so
-      // the tensor cores are not idle during the stage's stores.
-      auto hand_over_dq = [&] {
-        warpgroup_fence_operand(tDQrDQ);
-        dq_handoff.hand_over(p, smem, t, h, m, row0, uses, tDQrDQ, thread, lane);
-      };
-      if (!computes) {  // warpgroup 1 with no visible key: its half of dQ only
-        // Warpgroup 0 meets this barrier at another instruction (below): the unaligned form
-        // (bar.sync there and here was a divergent barrier to compute-sanitizer's synccheck).
         __syncwarp();
-        common::named_barrier_sync_unaligned(1, 256);  // warpgroup 0's dS is in shared memory
-        issue_dq(gemm_ds_buf, upper_keys_seen);
-        warpgroup_wait<0>();
-        hand_over_dq();
-        release_stage(stage);
-      } else if constexpr (Traits::kHeadDim == 64) {
-        // dQ first, then dV and dK.
-        cutlass::arch::NamedBarrier::sync(256, 1);  // both warpgroups' dS are in shared memory
-        issue_dq(gemm_ds_buf, upper_keys_seen);
-        issue_dv(gemm_stage);
-        issue_dk(gemm_stage);
-        warpgroup_wait<2>();  // dQ is done; dV and dK may still run
-        hand_over_dq();
-        warpgroup_wait<0>();
-        release_stage(stage);
+        common::named_barrier_arrive_unaligned(ds_ready(warpgroup, uses), 256);
+        release_stage(q_at.stage());
       } else {
-        // dV first, hiding the wait for the other warpgroup's dS; then dQ and dK (dQ first
-        // after the barrier, with dV and dK behind it, spilled at D = 128).
+        p_and_ds(t, key0, h, m, m * kBlockM, q_at, gemm_stage, last_dp);
         issue_dv(gemm_stage);
-        // Unaligned where warpgroup 1 may meet it in the branch above instead.
-        if constexpr (kSkipIdleUpperKeys) {
-          common::named_barrier_sync_unaligned(1, 256);  // both warpgroups' dS are in shared memory
+        if (dq_pending) {
+          // The other warpgroup's dS of the step before is in shared memory and its dQ before
+          // that has read the buffer this step's dS goes to.
+          common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+          store_ds(uses % Traits::kDsBuffers);
+          issue_dq(gemm_ds_buf ^ 1, upper_keys_seen);
+          issue_dk(gemm_stage);
+          warpgroup_wait<1>();  // dV and dQ are done; dK may still run
+          hand_over_dq(t);
         } else {
-          cutlass::arch::NamedBarrier::sync(256, 1);
+          store_ds(uses % Traits::kDsBuffers);
+          issue_dk(gemm_stage);
         }
-        issue_dq(gemm_ds_buf, upper_keys_seen);
-        issue_dk(gemm_stage);
-        warpgroup_wait<1>();  // dV and dQ are done; dK may still run
-        hand_over_dq();
+        __syncwarp();
+        common::named_barrier_arrive_unaligned(ds_ready(warpgroup, uses), 256);
         warpgroup_wait<0>();
-        release_stage(stage);
+        release_stage(q_at.stage());
       }
+      dq_h = h;
+      dq_m = m;
       ++uses;
+    };
+    // At the tile's end: its last Q block's dQ, before K is released.
+    auto drain_dq = [&](const TileInfo& t, int32_t key0) {
+      if (dq_h < 0) return;
+      common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+      views.refresh();
+      const uint32_t gemm_uses = __shfl_sync(0xffffffff, uses, 0);
+      issue_dq((gemm_uses - 1) % Traits::kDsBuffers, upper_keys_seen_in(t, key0));
+      warpgroup_wait<0>();
+      hand_over_dq(t);
+      dq_h = -1;
     };
 
     for (uint32_t round = 0;; ++round) {
@@ -253,6 +282,7 @@ struct Consumer {
           if (q_block_visible(p, t, m)) step(t, key0, h, i, m);
         }
       }
+      drain_dq(t, key0);
       // The tile's last dQ GEMM has read K (and its last dP GEMM V, freed there unless the tile
       // had no Q block or a block-sparse map): the loader may bring the next tile's.
       __syncwarp();

@@ -19,4 +19,11 @@ __device__ __forceinline__ void named_barrier_sync_unaligned(uint32_t id, uint32
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives on a named barrier without waiting (barrier.arrive, not .aligned: the arriving warps may
+// reach it from different instructions): with `threads` counting the arrivals and the waiters,
+// a one-way signal from the arriving warps to those that sync on the same id.
+__device__ __forceinline__ void named_barrier_arrive_unaligned(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace jagflash::kernels::common
