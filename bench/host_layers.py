@@ -63,8 +63,9 @@ def main():
     rows.append(("jagged_attention", host_us(lambda: jagflash.jagged_attention(
         q, k, v, offsets, offsets, causal=True, check_offsets="device", max_seqlen_q=lmax, max_seqlen_kv=lmax),
         args.iters)))
-    rows.append(("_launch.forward", host_us(lambda: _launch.forward(
-        q, k, v, offsets, offsets, _capi.MASK_CAUSAL, -1, -1, 0.0, "device", lmax), args.iters)))
+    problem = _launch.Problem(q=q, k=k, v=v, q_offsets=offsets, kv_offsets=offsets, mask=_capi.MASK_CAUSAL,
+                              window_left=-1, window_right=-1, scale=0.0, check_offsets="device", max_seqlen=lmax)
+    rows.append(("_launch.forward", host_us(lambda: _launch.forward(problem), args.iters)))
     _launch._ops()
     op = torch.ops.jagflash_c.fwd.default
     rows.append(("jagflash_c.fwd", host_us(lambda: op(

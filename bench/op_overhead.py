@@ -390,8 +390,9 @@ def cpu_main(args):
         op = torch.ops.jagflash_c.fwd.default
         rows.append(("torch.ops.jagflash_c.fwd (the binding)",
                      lambda: op(q, k, v, offsets, offsets, _capi.MASK_CAUSAL, -1, -1, 0.0, _capi.CHECK_OFFSETS_HOST, 0)))
-    rows.append(("_launch.forward", lambda: _launch.forward(q, k, v, offsets, offsets, _capi.MASK_CAUSAL, -1, -1, 0.0,
-                                                            "host", 0)))
+    problem = _launch.Problem(q=q, k=k, v=v, q_offsets=offsets, kv_offsets=offsets, mask=_capi.MASK_CAUSAL,
+                              window_left=-1, window_right=-1, scale=0.0, check_offsets="host")
+    rows.append(("_launch.forward", lambda: _launch.forward(problem)))
 
     def fwd_no_grad():
         jagflash.jagged_attention(q, k, v, offsets, causal=True)

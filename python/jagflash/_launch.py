@@ -11,54 +11,13 @@ message. The ctypes descriptions below serve jagflash.backend() and that warning
 """
 import contextlib
 import re
-from typing import NamedTuple, Optional
+from operator import itemgetter
 
 import torch
-from torch import Tensor
 
 from . import _backend, _capi, _errors, _lib, _offsets_check
+from ._problem import POOLED_FIELDS, Problem, backward_op_args
 
-
-class Problem(NamedTuple):
-    """One attention call, built once by its caller (jagged_attention, pooled_attention, the
-    registry's kernels) and passed whole to forward / backward here. The custom ops
-    (torch.ops.jagflash.fwd / .bwd and the pooled ones) take these fields flat, in this order:
-    ops.py derives their schemas from this class, so a new argument is a new field here.
-
-    q [total_q, H, D], k [total_kv, H_kv, D], v [total_kv, H_kv, Dv]; q_offsets, kv_offsets int32
-    [B+1] on their device (pooled: q [Lq, H, D] shared by every sequence, q_offsets None). Then the
-    C API's scalars: jf_mask and its window (-1 unbounded), scale (0 = 1/sqrt(D), else finite and
-    non-zero in float32), the check_offsets mode ("auto", "host" or "device"), max_seqlen (0 or a
-    bound on every q and kv length, a kernel-choice hint), deterministic (the backward's dq bitwise
-    reproducible too; the forward always is). Then the score modifier: softcap (0 = none),
-    alibi_slopes (None or float32 [H]), score_mod and score_mod_table (0 and None, or the jf_score_mod
-    of a modifier with a table and that table, float32 [H, W]); one at a time, not differentiable.
-    block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]): the block-sparse map
-    (jf_block_mask), both None for none; not pooled."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    q_offsets: Tensor
-    kv_offsets: Tensor
-    mask: int
-    window_left: int
-    window_right: int
-    scale: float
-    check_offsets: str
-    max_seqlen: int = 0
-    deterministic: bool = False
-    softcap: float = 0.0
-    alibi_slopes: Optional[Tensor] = None
-    block_mask_blocks: Optional[Tensor] = None
-    block_mask_offsets: Optional[Tensor] = None
-    score_mod: int = 0
-    score_mod_table: Optional[Tensor] = None
-
-    @property
-    def modified(self):
-        """Whether a score modifier applies (the head dims served depend on it)."""
-        return self.softcap != 0 or self.alibi_slopes is not None or self.score_mod != 0
 
 _DTYPES = {torch.bfloat16: _capi.BF16, torch.float16: _capi.FP16, torch.float32: _capi.FP32}
 # The GPU path loads with TMA: bases and strides must be multiples of 16 bytes.
@@ -350,6 +309,37 @@ def _pooled_ops():
     return torch.ops.jagflash_c.pooled_fwd.default, torch.ops.jagflash_c.pooled_bwd.default
 
 
+# The binding's ops take a Problem's fields as the custom ops do (Problem.op_args, and dout, out
+# and lse where backward_op_args puts them), but for two: check_offsets arrives as the launch's
+# offsets_check (an int, decided when the call runs: _offsets_check.launch_value), and the
+# forwards take no deterministic (the forward always is). test_problem.py holds these layouts to
+# the binding's schemas (python/binding/jagflash_torch.cpp).
+def binding_fields(pooled=False, backward=False):
+    """The Problem fields a binding op takes, in its order (check_offsets where offsets_check goes;
+    a backward op's dout, out and lse not included)."""
+    fields = POOLED_FIELDS if pooled else Problem._fields
+    return tuple(name for name in fields if backward or name != "deterministic")
+
+
+def _binding_layout(pooled, backward):
+    """Getters of binding_fields' values from a Problem, as tuples: those before check_offsets and
+    those after it (several on each side: itemgetter returns a lone value bare). C getters rather
+    than a loop over the names: the eager call's host time counts."""
+    names = binding_fields(pooled, backward)
+    at = names.index("check_offsets")
+    return tuple(itemgetter(*(Problem._fields.index(name) for name in part)) for part in (names[:at], names[at + 1:]))
+
+
+_FWD_LAYOUT, _BWD_LAYOUT = _binding_layout(False, False), _binding_layout(False, True)
+_POOLED_FWD_LAYOUT, _POOLED_BWD_LAYOUT = _binding_layout(True, False), _binding_layout(True, True)
+
+
+def _binding_args(layout, problem, device):
+    """A binding op's arguments for problem on device (a backward op's: backward_op_args of these)."""
+    before, after = layout
+    return (*before(problem), _offsets_check.launch_value(problem.check_offsets, device), *after(problem))
+
+
 # (direction, dtype, head dim, device index) already shown to _backend.note_cuda_call: which path
 # serves a call depends on nothing else, so the warning is decided once per key.
 _noted = set()
@@ -421,10 +411,7 @@ def forward(problem):
     p = _checked_extras(problem)
     device = p.q.device
     try:
-        out, lse, workspace = fwd_op(p.q, p.k, p.v, p.q_offsets, p.kv_offsets, p.mask, p.window_left,
-                                     p.window_right, p.scale, _offsets_check.launch_value(p.check_offsets, device),
-                                     p.max_seqlen, p.softcap, p.alibi_slopes, p.block_mask_blocks,
-                                     p.block_mask_offsets, p.score_mod, p.score_mod_table)
+        out, lse, workspace = fwd_op(*_binding_args(_FWD_LAYOUT, p, device))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p)) from None
     _offsets_check.remember("forward", p.check_offsets, workspace)
@@ -442,11 +429,7 @@ def backward(problem, out, lse, dout):
     p = _checked_extras(problem)
     device = p.q.device
     try:
-        dq, dk, dv, workspace = bwd_op(dout, p.q, p.k, p.v, out, lse, p.q_offsets, p.kv_offsets, p.mask,
-                                       p.window_left, p.window_right, p.scale,
-                                       _offsets_check.launch_value(p.check_offsets, device), p.max_seqlen,
-                                       bool(p.deterministic), p.softcap, p.alibi_slopes, p.block_mask_blocks,
-                                       p.block_mask_offsets, p.score_mod, p.score_mod_table)
+        dq, dk, dv, workspace = bwd_op(*backward_op_args(_binding_args(_BWD_LAYOUT, p, device), out, lse, dout))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, backward=(dout, out, lse))) from None
     _offsets_check.remember("backward", p.check_offsets, workspace)
@@ -554,9 +537,7 @@ def pooled_forward(problem):
     p = _checked_extras(problem, pooled=True)
     device = p.q.device
     try:
-        out, lse, workspace = fwd_op(p.q, p.k, p.v, p.kv_offsets, p.mask, p.window_left, p.window_right, p.scale,
-                                     _offsets_check.launch_value(p.check_offsets, device), p.max_seqlen, p.softcap,
-                                     p.alibi_slopes, p.score_mod, p.score_mod_table)
+        out, lse, workspace = fwd_op(*_binding_args(_POOLED_FWD_LAYOUT, p, device))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, pooled=True)) from None
     _offsets_check.remember("forward", p.check_offsets, workspace)
@@ -571,10 +552,8 @@ def pooled_backward(problem, out, lse, dout):
     p = _checked_extras(problem, pooled=True)
     device = p.q.device
     try:
-        dq, dk, dv, workspace = bwd_op(dout, p.q, p.k, p.v, out, lse, p.kv_offsets, p.mask, p.window_left,
-                                       p.window_right, p.scale, _offsets_check.launch_value(p.check_offsets, device),
-                                       p.max_seqlen, bool(p.deterministic), p.softcap, p.alibi_slopes, p.score_mod,
-                                       p.score_mod_table)
+        dq, dk, dv, workspace = bwd_op(*backward_op_args(_binding_args(_POOLED_BWD_LAYOUT, p, device), out, lse,
+                                                         dout))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, pooled=True, backward=(dout, out, lse))) from None
     _offsets_check.remember("backward", p.check_offsets, workspace)

@@ -13,6 +13,7 @@ from ._errors import InvalidArgumentError, JagflashError, invalid_argument, rewo
 from .block_mask import BlockMask
 from ._mask import mask_args
 from ._offsets_check import CheckOffsets
+from ._problem import Problem
 
 # jagged_attention's default window: the call that passes none skips mask_args' checks.
 _NO_WINDOW = (-1, -1)
@@ -430,9 +431,11 @@ def jagged_attention(
         ops.refuse_modifier_gradient(alibi_slopes, None)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
     table_kind = 0 if score_mod is None and score_mod_table is None else _table_score_mod(score_mod, score_mod_table)
-    problem = _launch.Problem(q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
-                              _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap,
-                              alibi_slopes, blocks, block_offsets, table_kind, score_mod_table)
+    # Positional, in Problem's field order (fixed: it is the custom ops' public argument order):
+    # naming every field would add about 1 us to each eager call's host time.
+    problem = Problem(q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
+                      _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes,
+                      blocks, block_offsets, table_kind, score_mod_table)
     try:
         # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
         if ops.eager_fast_path_allowed(q, k, v):
@@ -442,7 +445,7 @@ def jagged_attention(
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
                 out, lse = _launch.forward(problem)
         else:
-            out, lse = ops.fwd(*problem)  # the custom op takes the problem's fields flat
+            out, lse = ops.fwd(*problem.op_args())
     except JagflashError as error:
         raise _in_caller_terms(error, (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)),
                                kv_offsets_given=kv_offsets is not None) from None
@@ -627,12 +630,13 @@ def pooled_attention(
     if alibi_slopes is not None:
         ops.refuse_modifier_gradient(alibi_slopes, None)
     try:
-        problem = _launch.Problem(q, k_values, v_values, None, kv_offsets_i32, mask, window_left,
-                                  window_right, _scale(scale), _offsets_check.resolve(check_offsets),
-                                  deterministic=_deterministic(deterministic), softcap=_softcap(softcap),
-                                  alibi_slopes=alibi_slopes, score_mod=_table_score_mod(score_mod, score_mod_table),
-                                  score_mod_table=score_mod_table)
-        out, lse = ops.pooled_fwd(*ops.pooled_args(problem))
+        problem = Problem(q=q, k=k_values, v=v_values, q_offsets=None, kv_offsets=kv_offsets_i32, mask=mask,
+                          window_left=window_left, window_right=window_right, scale=_scale(scale),
+                          check_offsets=_offsets_check.resolve(check_offsets),
+                          deterministic=_deterministic(deterministic), softcap=_softcap(softcap),
+                          alibi_slopes=alibi_slopes, score_mod=_table_score_mod(score_mod, score_mod_table),
+                          score_mod_table=score_mod_table)
+        out, lse = ops.pooled_fwd(*problem.op_args(pooled=True))
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v) if nested else None
         if cause is None:
@@ -670,9 +674,10 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     cap = _softcap(softcap)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets)
     table_kind = _table_score_mod(score_mod, score_mod_table)
-    problem = _launch.Problem(q, k, v, q_offsets, kv_offsets, _capi.MASK_NONE, -1, -1, 0.0, "auto", softcap=cap,
-                              alibi_slopes=alibi_slopes, block_mask_blocks=blocks, block_mask_offsets=block_offsets,
-                              score_mod=table_kind, score_mod_table=score_mod_table)
+    problem = Problem(q=q, k=k, v=v, q_offsets=q_offsets, kv_offsets=kv_offsets, mask=_capi.MASK_NONE, window_left=-1,
+                      window_right=-1, scale=0.0, check_offsets="auto", softcap=cap, alibi_slopes=alibi_slopes,
+                      block_mask_blocks=blocks, block_mask_offsets=block_offsets, score_mod=table_kind,
+                      score_mod_table=score_mod_table)
     _launch.check_head_dims(q, k, v, backward=backward, modified=problem.modified, blocked=blocks is not None)
     _launch.check_score_mod(q, cap, alibi_slopes, table_kind, score_mod_table)
     problem = problem._replace(q=_launch._prepared(q), k=_launch._prepared(k), v=_launch._prepared(v))

@@ -1,72 +1,26 @@
 """The PyTorch custom ops torch.ops.jagflash.fwd / .bwd (and .pooled_fwd / .pooled_bwd): real kernels (the C library), fake
 kernels (shapes only, for torch.compile and meta tensors) and the autograd formula.
 
-The ops take the fields of one _launch.Problem, flat and in its order (torch.library custom ops take
-tensors and scalars only; their schemas are derived from the class below, so a new argument is a
-field there): int32 offsets on the tensors' device, plain scalars, the score modifier and the
-block-sparse map (the pooled ops: no q_offsets and no map). The backward ops take dout first and
-the forward's out and lse after v. They return fresh contiguous tensors. They read no tensor value
-on the host, so a compiled graph holds them with no break and no sync of its own; "auto" offsets
-checking is decided when the op runs, so a CUDA-graph capture gets the device check. Their
-gradients cannot be differentiated again: a double backward raises UnsupportedError.
+The ops take the fields of one Problem flat (torch.library custom ops take tensors and scalars
+only); _problem.py lays them out (argument order, schemas, the pooled subset, the backward ops'
+dout, out and lse), so a new argument is a field there and nothing here. The ops take int32
+offsets on the tensors' device, plain scalars, the score modifier and the block-sparse map (the
+pooled ops: no q_offsets and no map). They return fresh contiguous tensors. They read no tensor
+value on the host, so a compiled graph holds them with no break and no sync of its own; "auto"
+offsets checking is decided when the op runs, so a CUDA-graph capture gets the device check.
+Their gradients cannot be differentiated again: a double backward raises UnsupportedError.
 """
-import inspect
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from . import _capi, _launch
 from ._errors import UnsupportedError
-from ._launch import Problem
+from ._problem import POOLED_FIELDS, TENSOR_FIELDS, Problem, backward_op_args, op_schema, split_backward_op_args
 
-# Pooled attention (jf_problem.pooled_q_rows) shares one query set among the sequences: no
-# q_offsets, and no block mask (the C library serves none there).
-_POOLED_FIELDS = tuple(f for f in Problem._fields if f not in ("q_offsets", "block_mask_blocks", "block_mask_offsets"))
-# The fields that hold tensors: saved for the backward (ctx.save_for_backward), so one changed in
-# place in between raises torch's "modified by an inplace operation" instead of giving the
-# gradients of other sequences, another map or other modifier values.
-_TENSOR_FIELDS = tuple(i for i, (name, kind) in enumerate(Problem.__annotations__.items())
-                       if kind in (Tensor, Optional[Tensor]))
-_NO_TENSORS = dict.fromkeys(Problem._fields[i] for i in _TENSOR_FIELDS)
-
-
-def _schema(fields: Tuple[str, ...], backward: bool = False) -> str:
-    """An op's schema: Problem's `fields` as its arguments, typed and defaulted as Problem declares
-    them; a backward op's dout first and the forward's out and lse after v."""
-    declared = inspect.signature(Problem).parameters
-    arguments = [declared[name] for name in fields]
-    returns = Tuple[Tensor, Tensor]
-    if backward:
-        def tensor(name):
-            return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Tensor)
-        arguments = [tensor("dout"), *arguments[:3], tensor("out"), tensor("lse"), *arguments[3:]]
-        returns = Tuple[Tensor, Tensor, Tensor]
-
-    def prototype(*args):
-        pass
-
-    prototype.__signature__ = inspect.Signature(arguments, return_annotation=returns)  # type: ignore[attr-defined]
-    return torch.library.infer_schema(prototype, mutates_args=())
-
-
-def pooled_args(problem: Problem) -> tuple:
-    """A pooled Problem as the pooled ops take it."""
-    return tuple(getattr(problem, name) for name in _POOLED_FIELDS)
-
-
-def _pooled_problem(args: tuple) -> Problem:
-    return Problem(q_offsets=None, **dict(zip(_POOLED_FIELDS, args)))
-
-
-def _backward_args(forward_args: tuple, out: Tensor, lse: Tensor, dout: Tensor) -> tuple:
-    """A backward op's arguments from its forward op's."""
-    return (dout, *forward_args[:3], out, lse, *forward_args[3:])
-
-
-def _forward_args(backward_args: tuple) -> Tuple[tuple, Tensor, Tensor, Tensor]:
-    """(forward op's arguments, out, lse, dout) from a backward op's (_backward_args undone)."""
-    return backward_args[1:4] + backward_args[6:], backward_args[4], backward_args[5], backward_args[0]
+# A saved problem's tensors are the ones ctx.save_for_backward holds (_save).
+_NO_TENSORS = dict.fromkeys(Problem._fields[i] for i in TENSOR_FIELDS)
 
 
 def _check_fake(problem: Problem, backward: bool = False, pooled: bool = False) -> None:
@@ -85,45 +39,45 @@ def _check_fake(problem: Problem, backward: bool = False, pooled: bool = False) 
         _launch.check_block_mask(q, problem.q_offsets, problem.block_mask_blocks, problem.block_mask_offsets)
 
 
-@torch.library.custom_op("jagflash::fwd", mutates_args=(), schema=_schema(Problem._fields))
+@torch.library.custom_op("jagflash::fwd", mutates_args=(), schema=op_schema())
 def fwd(*args):
     """out [total_q, H, Dv] (Dv: v's head dim) and lse [H, total_q] float32 of the Problem these are
     the fields of. The lse is always produced: the backward needs it."""
-    return _launch.forward(Problem(*args))
+    return _launch.forward(Problem.from_op_args(args))
 
 
 @fwd.register_fake
 def _fwd_fake(*args):
-    problem = Problem(*args)
+    problem = Problem.from_op_args(args)
     _check_fake(problem)
     q = problem.q
     total_q, heads, _ = q.shape
     return q.new_empty((total_q, heads, problem.v.shape[-1])), q.new_empty((heads, total_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("jagflash::bwd", mutates_args=(), schema=_schema(Problem._fields, backward=True))
+@torch.library.custom_op("jagflash::bwd", mutates_args=(), schema=op_schema(backward=True))
 def bwd(*args):
     """dq, dk, dv (shaped like q, k, v) from dout and the forward's out and lse (dout and out
     [total_q, H, Dv]); the problem's deterministic: dq bitwise reproducible too (dk and dv always
     are). The block mask: the forward's."""
-    forward_args, out, lse, dout = _forward_args(args)
-    return _launch.backward(Problem(*forward_args), out, lse, dout)
+    forward_args, out, lse, dout = split_backward_op_args(args)
+    return _launch.backward(Problem.from_op_args(forward_args), out, lse, dout)
 
 
 @bwd.register_fake
 def _bwd_fake(*args):
-    forward_args, _, _, _ = _forward_args(args)
-    problem = Problem(*forward_args)
+    forward_args, _, _, _ = split_backward_op_args(args)
+    problem = Problem.from_op_args(forward_args)
     _check_fake(problem, backward=True)
     q, k, v = problem.q, problem.k, problem.v
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _save(ctx, problem: Problem, out: Tensor, lse: Tensor) -> None:
-    """What a backward needs: the problem (its tensors saved for backward, see _TENSOR_FIELDS), out
+    """What a backward needs: the problem (its tensors saved for backward, see TENSOR_FIELDS), out
     and lse. lse is an output for callers that want it, not a differentiable one: the C API has no
     gradient input for it."""
-    ctx.save_for_backward(out, lse, *(problem[i] for i in _TENSOR_FIELDS))
+    ctx.save_for_backward(out, lse, *(problem[i] for i in TENSOR_FIELDS))
     ctx.problem = problem._replace(**_NO_TENSORS)
     ctx.mark_non_differentiable(lse)
 
@@ -132,13 +86,13 @@ def _saved(ctx) -> Tuple[Problem, Tensor, Tensor]:
     """(problem, out, lse) as _save left them."""
     out, lse, *tensors = ctx.saved_tensors
     fields = list(ctx.problem)
-    for index, t in zip(_TENSOR_FIELDS, tensors):
+    for index, t in zip(TENSOR_FIELDS, tensors):
         fields[index] = t
     return Problem(*fields), out, lse
 
 
 def _setup_context(ctx, inputs, output):
-    problem = Problem(*inputs)
+    problem = Problem.from_op_args(inputs)
     refuse_modifier_gradient(problem.alibi_slopes, problem.score_mod_table, recording=True)
     _save(ctx, problem, *output)
 _DOUBLE_BACKWARD_MESSAGE = (
@@ -190,7 +144,7 @@ def _backward(ctx, dout, _dlse):
     q, k, v = problem.q, problem.k, problem.v
     # no_grad: the op has no autograd of its own; _refuse_double_backward gives the gradients theirs.
     with torch.no_grad():
-        dq, dk, dv = bwd(*_backward_args(problem, out, lse, dout.to(q.dtype)))
+        dq, dk, dv = bwd(*backward_op_args(problem.op_args(), out, lse, dout.to(q.dtype)))
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
     # No gradient for the offsets, the scalars, the slopes, the block mask or the modifier's table.
     return (dq, dk, dv) + (None,) * (len(Problem._fields) - 3)
@@ -200,16 +154,16 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---- Pooled attention (jf_problem.pooled_q_rows): q [Lq, H, D] shared by every sequence of k, v.
-@torch.library.custom_op("jagflash::pooled_fwd", mutates_args=(), schema=_schema(_POOLED_FIELDS))
+@torch.library.custom_op("jagflash::pooled_fwd", mutates_args=(), schema=op_schema(pooled=True))
 def pooled_fwd(*args):
     """out [B*Lq, H, Dv] (sequence b's rows at b*Lq) and lse [H, B*Lq] float32, B = kv_offsets'
     length - 1. deterministic: for the backward, as in fwd."""
-    return _launch.pooled_forward(_pooled_problem(args))
+    return _launch.pooled_forward(Problem.from_op_args(args, pooled=True))
 
 
 @pooled_fwd.register_fake
 def _pooled_fwd_fake(*args):
-    problem = _pooled_problem(args)
+    problem = Problem.from_op_args(args, pooled=True)
     _check_fake(problem, pooled=True)
     q = problem.q
     lq, heads, _ = q.shape
@@ -217,24 +171,24 @@ def _pooled_fwd_fake(*args):
     return q.new_empty((rows, heads, problem.v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32)
 
 
-@torch.library.custom_op("jagflash::pooled_bwd", mutates_args=(), schema=_schema(_POOLED_FIELDS, backward=True))
+@torch.library.custom_op("jagflash::pooled_bwd", mutates_args=(), schema=op_schema(pooled=True, backward=True))
 def pooled_bwd(*args):
     """dq [Lq, H, D] (the sum of every sequence's contribution), dk, dv per sequence."""
-    forward_args, out, lse, dout = _forward_args(args)
-    return _launch.pooled_backward(_pooled_problem(forward_args), out, lse, dout)
+    forward_args, out, lse, dout = split_backward_op_args(args)
+    return _launch.pooled_backward(Problem.from_op_args(forward_args, pooled=True), out, lse, dout)
 
 
 @pooled_bwd.register_fake
 def _pooled_bwd_fake(*args):
-    forward_args, _, _, _ = _forward_args(args)
-    problem = _pooled_problem(forward_args)
+    forward_args, _, _, _ = split_backward_op_args(args)
+    problem = Problem.from_op_args(forward_args, pooled=True)
     _check_fake(problem, backward=True, pooled=True)
     q, k, v = problem.q, problem.k, problem.v
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _pooled_setup_context(ctx, inputs, output):
-    problem = _pooled_problem(inputs)
+    problem = Problem.from_op_args(inputs, pooled=True)
     refuse_modifier_gradient(problem.alibi_slopes, problem.score_mod_table, recording=True)
     _save(ctx, problem, *output)
 
@@ -243,9 +197,9 @@ def _pooled_backward(ctx, dout, _dlse):
     problem, out, lse = _saved(ctx)
     q, k, v = problem.q, problem.k, problem.v
     with torch.no_grad():
-        dq, dk, dv = pooled_bwd(*_backward_args(pooled_args(problem), out, lse, dout.to(q.dtype)))
+        dq, dk, dv = pooled_bwd(*backward_op_args(problem.op_args(pooled=True), out, lse, dout.to(q.dtype)))
     dq, dk, dv = _refuse_double_backward(dq, dk, dv, dout, q, k, v)
-    return (dq, dk, dv) + (None,) * (len(_POOLED_FIELDS) - 3)
+    return (dq, dk, dv) + (None,) * (len(POOLED_FIELDS) - 3)
 
 
 pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_context)

@@ -47,6 +47,7 @@ from torch.library import Library
 from . import _capi, _launch, _offsets_check
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._mask import mask_args
+from ._problem import Problem
 from .functional import _offsets, _out_of_int32, _scale
 
 NAME = "jagflash"
@@ -214,8 +215,10 @@ def _varlen_forward(query: Tensor, key: Tensor, value: Tensor, cum_seq_q: Tensor
     mask, left, right = _mask(is_causal, window_size_left, window_size_right)
     q_offsets, kv_offsets = _varlen_offsets(cum_seq_q, cum_seq_k)
     try:
-        out, lse = _launch.forward(_launch.Problem(query, key, value, q_offsets, kv_offsets, mask, left, right,
-                                                   _scale(scale), _offsets_check.resolve(None), _hint(max_q, max_k)))
+        out, lse = _launch.forward(Problem(q=query, k=key, v=value, q_offsets=q_offsets, kv_offsets=kv_offsets,
+                                           mask=mask, window_left=left, window_right=right, scale=_scale(scale),
+                                           check_offsets=_offsets_check.resolve(None),
+                                           max_seqlen=_hint(max_q, max_k)))
     except InvalidArgumentError as error:
         _raise_int32_cause(error, cum_seq_q, cum_seq_k)
     return _like(query, out), lse
@@ -228,9 +231,10 @@ def _varlen_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor
     mask, left, right = _mask(is_causal, window_size_left, window_size_right)
     q_offsets, kv_offsets = _varlen_offsets(cum_seq_q, cum_seq_k)
     try:
-        problem = _launch.Problem(query, key, value, q_offsets, kv_offsets, mask, left, right, _scale(scale),
-                                  _offsets_check.resolve(None), _hint(max_q, max_k),
-                                  torch.are_deterministic_algorithms_enabled())
+        problem = Problem(q=query, k=key, v=value, q_offsets=q_offsets, kv_offsets=kv_offsets, mask=mask,
+                          window_left=left, window_right=right, scale=_scale(scale),
+                          check_offsets=_offsets_check.resolve(None), max_seqlen=_hint(max_q, max_k),
+                          deterministic=torch.are_deterministic_algorithms_enabled())
         dq, dk, dv = _launch.backward(problem, out, logsumexp, grad_out)
     except InvalidArgumentError as error:
         _raise_int32_cause(error, cum_seq_q, cum_seq_k)
@@ -295,8 +299,10 @@ def _dense_forward(query: Tensor, key: Tensor, value: Tensor, is_causal: bool, s
     sequences = batch * heads if per_head else batch
     q_offsets = _seq_offsets(sequences, len_q, query.device)
     kv_offsets = _seq_offsets(sequences, len_kv, query.device)
-    out_rows, lse = _launch.forward(_launch.Problem(*rows, q_offsets, kv_offsets, mask, left, right, _scale(scale),
-                                                    _offsets_check.BUILT, _hint(len_q, len_kv)))
+    q_rows, k_rows, v_rows = rows
+    out_rows, lse = _launch.forward(Problem(q=q_rows, k=k_rows, v=v_rows, q_offsets=q_offsets, kv_offsets=kv_offsets,
+                                            mask=mask, window_left=left, window_right=right, scale=_scale(scale),
+                                            check_offsets=_offsets_check.BUILT, max_seqlen=_hint(len_q, len_kv)))
     if per_head:
         return out_rows.view(batch, heads, len_q, head_dim), lse.view(batch, heads, len_q)
     out = out_rows.view(batch, len_q, heads, head_dim).transpose(1, 2)
@@ -322,8 +328,9 @@ def _dense_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
     q_offsets = _seq_offsets(sequences, len_q, query.device)
     kv_offsets = _seq_offsets(sequences, len_kv, query.device)
     dout_rows, q_rows, k_rows, v_rows, out_rows = rows
-    problem = _launch.Problem(q_rows, k_rows, v_rows, q_offsets, kv_offsets, mask, left, right, _scale(scale),
-                              _offsets_check.BUILT, _hint(len_q, len_kv), torch.are_deterministic_algorithms_enabled())
+    problem = Problem(q=q_rows, k=k_rows, v=v_rows, q_offsets=q_offsets, kv_offsets=kv_offsets, mask=mask,
+                      window_left=left, window_right=right, scale=_scale(scale), check_offsets=_offsets_check.BUILT,
+                      max_seqlen=_hint(len_q, len_kv), deterministic=torch.are_deterministic_algorithms_enabled())
     dq, dk, dv = _launch.backward(problem, out_rows, lse_rows, dout_rows)
     if per_head:
         return (dq.view(batch, heads, len_q, head_dim), dk.view(batch, heads, len_kv, head_dim),

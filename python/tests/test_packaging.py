@@ -143,8 +143,8 @@ def test_custom_ops_have_schemas(op):
 # runs, but the modules are no longer layered). Lowest first.
 FLOORS = (
     ("the C library: its structs, its loading, its statuses as exceptions", ("_capi", "_lib", "_errors")),
-    ("conventions every caller shares: the mask arguments, the offsets check, the block mask",
-     ("_mask", "_offsets_check", "block_mask")),
+    ("conventions every caller shares: the mask arguments, the offsets check, the block mask, one call's "
+     "arguments and their layout for the ops", ("_mask", "_offsets_check", "block_mask", "_problem")),
     ("which path serves a call, and the slow path's warning", ("_backend",)),
     ("one call of the binding", ("_launch",)),
     ("the custom ops", ("ops",)),
