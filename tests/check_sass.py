@@ -3,9 +3,9 @@
 
   1. the wgmma are not serialized: ptxas answers some code shapes (a divergent wgmma wait, a
      non-wgmma instruction touching accumulators while a wgmma batch is in flight) by waiting
-     after every HGMMA, which cost the ping-pong kernel 20% while no test looked at the SASS
-     (bench/NOTES.md, 2026-11-29). Serialized code has a WARPGROUP.DEPBAR per HGMMA;
-     ours has about one per GEMM (8 HGMMAs);
+     after every HGMMA, which takes away the GEMMs' overlap, a loss no other test sees (figures:
+     bench/NOTES.md, "Figures moved out of code comments"). Serialized code has a
+     WARPGROUP.DEPBAR per HGMMA; ours has about one per GEMM (8 HGMMAs);
   2. the consumers' GEMM loop never touches local memory: no LDL/STL between the first and the
      last HGMMA of the consumer path (from the consumers' USETMAXREG.TRY_ALLOC to the producer's
      USETMAXREG.DEALLOC; the producer, one thread with few registers, may spill: its code follows
@@ -66,8 +66,8 @@ KINDS = {
 # instructions, R2UR) at most, in the main kernel: what they hold now, a ratchet towards FA3's
 # (cuobjdump of ../shared/peers/fa3's cubins: D = 128 1,720-2,888 instructions with 49-88 R2UR,
 # D = 64 2,848-3,576 with 55-75, over its variants). At D = 64 most R2UR are the loader's TMA
-# issues (one thread), not the consumers' GEMMs; its 128-row steps (2026-12-07) take twice the
-# elementwise code a step (4,128 -> 4,328 instructions) for half the steps.
+# issues (one thread), not the consumers' GEMMs; its 128-row steps take twice the elementwise code
+# a step for half the steps (figures: bench/NOTES.md, "Figures moved out of code comments").
 BUDGETS = {
     "hopper_bwd_bf16_hd128.cu.o": (6000, 100),
     "hopper_bwd_fp16_hd128.cu.o": (6000, 100),
