@@ -449,20 +449,23 @@ def main():
     print(f"base {base}")
     if args.paths:
         return check(base, args.paths, args.strict_docstrings, args.new)
-    paths, bad = [], 0
+    paths, bad, other = [], 0, []
     for row in git("diff", "--name-status", "--no-renames", base, *([args.new] if args.new else []), "--").split("\n"):
         if not row:
             continue
         status, path = row.split("\t", 1)
         if status == "M":
             paths.append(path)
+        elif kind_of(path) is None:
+            other.append(f"{path} ({status})")
         elif status == "A":
             print(f"new  {path}: added (not compared)")
-        elif kind_of(path) is not None:
+        else:
             print(f"FAIL {path}: {status} (a source file deleted or changed in kind)")
             bad += 1
-        else:
-            print(f"skip {path}: {status}")
+    if other:
+        print(f"skip {len(other)} other files added, deleted or changed (not sources): " + ", ".join(other[:5])
+              + (", ..." if len(other) > 5 else ""))
     if not paths:
         print(f"no file modified since {base}")
         return 1 if bad else 0
