@@ -191,9 +191,9 @@ def _sample(fn, device, calls):
 def measure_interleaved(fns, device, warmup, iters, budget_s, calls=1):
     """{name: (median ms per call, last result)} of several functions timed in turns: each round
     takes one sample (`calls` queued calls, as measure()) of every function, in the given order
-    on even rounds and reversed on odd ones. On the H200, which of two kernels ran first moved
-    their ratio by up to 14% (power and clock carry over from one measurement to the next,
-    bench/NOTES.md, 2026-11-29, b26522b); in turns both see the same conditions. A function that raises
+    on even rounds and reversed on odd ones. Which of two kernels runs first moves their ratio
+    (power and clock carry over from one measurement to the next; figures: bench/NOTES.md, "Figures
+    moved out of code comments"); in turns both see the same conditions. A function that raises
     gets {name: exception} and leaves the rotation. A function's warm-up stops early once one
     sample alone would eat the budget (the fp32 oracle takes seconds a call on big batches).
     Rounds stop at `iters`; a function whose samples add up to budget_s takes no more of them

@@ -247,7 +247,7 @@ def table(rows):
 
 
 def _method_note(meta):
-    """How the runs were timed. Runs before 2026-12-01 (no bwd_calls in meta) timed only the
+    """How the runs were timed. The log's oldest runs (no bwd_calls in meta) timed only the
     forward in turns, and one backward call per run, each implementation after the other."""
     if "bwd_calls" not in meta:
         turns = meta.get("fwd_order") == "interleaved"

@@ -55,7 +55,7 @@ import jagflash  # noqa: E402
 
 # Defaults per device: on the GPU the default batch (24 gemskew sequences, 14,246 tokens) is small
 # enough for a per-call-overhead-bound step, --batch-sequences 256 (115,909 tokens) a kernel-bound
-# one (bench/RESULTS.md, 2026-12-01); the CPU reference is float64 and single-threaded, so there
+# one (bench/RESULTS.md, section 14); the CPU reference is float64 and single-threaded, so there
 # the lengths are divided by 32 and the model is one narrow block.
 GPU_DEFAULTS = dict(heads=8, head_dim=128, dim=1024, layers=2, batch_sequences=24, length_divisor=1)
 CPU_DEFAULTS = dict(heads=2, head_dim=64, dim=64, layers=1, batch_sequences=4, length_divisor=32)
@@ -285,7 +285,8 @@ def shutdown():
     gone. Gloo's process group joins its worker threads when its last reference drops. Were that
     reference a DDP reducer's, the join would run inside the model's teardown, holding the GIL,
     while a worker may still need the GIL to free a finished collective's tensors: the process
-    hangs, or aborts at interpreter exit (seen in 3 of 5 CPU runs before this). Collected here
+    hangs, or aborts at interpreter exit (figures: bench/NOTES.md, "Figures moved out of code
+    comments"). Collected here
     first, the models leave the last reference to destroy_process_group, whose destructor
     releases the GIL."""
     gc.collect()  # DDP and FSDP2 modules sit in reference cycles: free them now, not at exit

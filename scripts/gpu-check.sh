@@ -44,8 +44,8 @@ JAGFLASH_FWD_PAIRS=2 step "head dims, 2 pairs" head_dims_pairs.log "$limit" "$bu
 JAGFLASH_FWD_PAIRS=2 JAGFLASH_FWD_SCHEDULE=grid step "hopper tests, 2 pairs, grid" hopper_pairs_grid.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
 # The plan's head order under a mask in L2 groups (64 KB cuts the tests' sequences into groups of
 # one to a few heads; 32768 is the candidate default) and the softmax's running max kept within
-# 2^8 (the default on the D = 128 and 256 kernels since 2026-12-06, off on the others: the
-# steps run the old softmax everywhere and the kept max at every head dim;
+# 2^8 (the default on the D = 128 and 256 kernels, off on the others: the steps run the softmax
+# without it everywhere and the kept max at every head dim;
 # GpuHopperForward.RunningMaxKeptOrMovedMatchesReference sets it itself).
 JAGFLASH_FWD_L2_GROUP_KB=64 step "hopper tests, small L2 head groups" hopper_l2_small.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*:GpuHeadDims.Padded*'
 JAGFLASH_FWD_L2_GROUP_KB=32768 step "hopper tests, 32 MB L2 head groups" hopper_l2_32mb.log "$limit" "$build/tests/jagflash_gpu_tests" --gtest_filter='GpuHopperForward*'
@@ -77,9 +77,10 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   step "memcheck, backward" memcheck_bwd.log "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
   step "racecheck, backward" racecheck_bwd.log "$limit" compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
   # racecheck reports hazards between a plain bulk copy completing on an mbarrier and the reads
-  # after the wait on it, in a minimal correct ring too (8 hazards, fenced or not, every sum right:
-  # H200, 2026-12-01): the backward's hazards on its lse/delta stages are of that kind. This step
-  # shows the repro's report next to the backward's; it fails only if the repro's sums are wrong.
+  # after the wait on it, in a minimal correct ring too (fenced or not, every sum right; figures:
+  # bench/NOTES.md, "Figures moved out of code comments"): the backward's hazards on its lse/delta
+  # stages are of that kind. This step shows the repro's report next to the backward's; it fails
+  # only if the repro's sums are wrong.
   step "racecheck repro (bulk copy + mbarrier)" racecheck_repro.log "$limit" compute-sanitizer --tool racecheck "$build/tests/jagflash_racecheck_bulk_copy"
   step "synccheck, backward" synccheck_bwd.log "$limit" compute-sanitizer --tool synccheck --error-exitcode 1 "$build/tests/jagflash_gpu_tests" --gtest_filter="$small_bwd"
 fi

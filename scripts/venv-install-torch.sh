@@ -3,10 +3,10 @@
 # machine) into a virtualenv one package at a time, without pip's cache.
 #
 # Why not one `pip install torch`: pip downloads every wheel first and installs them after, and its
-# cache keeps a second copy, so the peak disk use is about twice the installed 4.7 GB. A CI machine
-# with little free disk failed there ("No space left on device"). One package at a time
-# the peak is what is installed so far plus the one wheel being installed: 4.85 GB measured on
-# the build machine (free space sampled every second), about the installed size.
+# cache keeps a second copy, so the peak disk use is about twice the installed 4.7 GB, more than a
+# machine with little free disk has ("No space left on device"). One package at a time the peak is
+# what is installed so far plus the one wheel being installed: about the installed size (figures:
+# bench/NOTES.md, "Figures moved out of code comments").
 #
 # usage: scripts/venv-install-torch.sh VENV TORCH_VERSION
 set -euo pipefail

@@ -3,9 +3,9 @@
 
   1. the wgmma are not serialized: ptxas answers some code shapes (a divergent wgmma wait, a
      non-wgmma instruction touching accumulators while a wgmma batch is in flight) by waiting
-     after every HGMMA, which cost the ping-pong kernel 20% while no test looked at the SASS
-     (bench/NOTES.md, 2026-11-29). Serialized code has a WARPGROUP.DEPBAR per HGMMA;
-     ours has about one per GEMM (8 HGMMAs);
+     after every HGMMA, which takes away the GEMMs' overlap, a loss no other test sees (figures:
+     bench/NOTES.md, "Figures moved out of code comments"). Serialized code has a
+     WARPGROUP.DEPBAR per HGMMA; ours has about one per GEMM (8 HGMMAs);
   2. the consumers' GEMM loop never touches local memory: no LDL/STL between the first and the
      last HGMMA of the consumer path (from the consumers' USETMAXREG.TRY_ALLOC to the producer's
      USETMAXREG.DEALLOC; the producer, one thread with few registers, may spill: its code follows
@@ -66,12 +66,12 @@ KINDS = {
 # instructions, R2UR) at most, in the main kernel: what they hold now, a ratchet towards FA3's
 # (cuobjdump of ../shared/peers/fa3's cubins: D = 128 1,720-2,888 instructions with 49-88 R2UR,
 # D = 64 2,848-3,576 with 55-75, over its variants). At D = 64 most R2UR are the loader's TMA
-# issues (one thread), not the consumers' GEMMs; its 128-row steps take twice the
-# elementwise code a step (4,128 -> 4,328 instructions) for half the steps. The steps that issue
-# the previous step's dQ (mainloop_bwd.cuh's step) have the dS store, the dQ GEMM and its
-# hand-over in two branches (a previous dQ or none) and once more in the tile's last dQ after the
-# loop: D = 128 5,944 -> 6,808 instructions (R2UR 83 -> 95), D = 64 4,328 -> 5,176 (57 -> 82:
-# two GEMM sites more, each with its descriptors' moves).
+# issues (one thread), not the consumers' GEMMs; its 128-row steps take twice the elementwise code
+# a step for half the steps. The steps that issue the previous step's dQ (mainloop_bwd.cuh's step)
+# have the dS store, the dQ GEMM and its hand-over in two branches (a previous dQ or none) and once
+# more in the tile's last dQ after the loop: two GEMM sites more, each with its descriptors' moves
+# (figures: bench/NOTES.md, "Figures moved out of code comments" and "the two warpgroups out of
+# lockstep").
 BUDGETS = {
     "hopper_bwd_bf16_hd128.cu.o": (6900, 100),
     "hopper_bwd_fp16_hd128.cu.o": (6900, 100),

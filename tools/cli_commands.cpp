@@ -317,8 +317,9 @@ int run_cpu(const Options& o, const char* why) {
   // Directional finite differences of loss = <out, dout> along a random direction, one input at
   // a time: checks that the backward is the derivative of the forward.
   // Not smaller: the loss sums fp32 outputs, whose rounding swamps a smaller step's change at
-  // the default H=16, D=128 (d/dk off by 3e-3 with 1e-3, 2e-4 with 1e-2, measured 2026-12-01);
-  // the central difference's own error is O(step^2).
+  // the default H=16, D=128 (a step of 1e-3 misses d/dk by more than kTol; figures:
+  // bench/NOTES.md, "Figures moved out of code comments"); the central difference's own error is
+  // O(step^2).
   constexpr double kStep = 1e-2;
   constexpr double kTol = 2e-3;
   struct Input {

@@ -207,8 +207,9 @@ pooled_fwd.register_autograd(_pooled_backward, setup_context=_pooled_setup_conte
 
 class EagerAttention(torch.autograd.Function):
     """The same forward/backward as torch.ops.jagflash.fwd with its autograd formula, without the
-    custom-op dispatch (argument filling, redispatch: ~40% of the binding's host time per call,
-    measured with cProfile). jagged_attention takes it in plain eager mode only; anything that
+    custom-op dispatch (argument filling, redispatch: a large share of the binding's host time per
+    call; figures: bench/NOTES.md, "Figures moved out of code comments"). jagged_attention takes it
+    in plain eager mode only; anything that
     traces (torch.compile, export, fake or meta tensors, subclasses, function modes) goes through
     the registered op, which is what gives those their fake kernel and opcheck guarantees.
 

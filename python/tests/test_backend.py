@@ -15,7 +15,7 @@ def fresh_warning_state(monkeypatch):
     monkeypatch.setattr(_backend, "_warned", False)
     monkeypatch.setattr(_backend, "_served", {})
     # The binding path's own record of the (direction, dtype, head dim, device) keys it showed
-    # _backend: an earlier test's fp32 call would otherwise be skipped here (failed on the H200).
+    # _backend: an earlier test's fp32 call would otherwise be skipped here (and the test fail).
     monkeypatch.setattr(_launch, "_noted", set())
 
 

@@ -548,7 +548,7 @@ NamedRanges backward_inputs(const jf_bwd_args& a) {
 // entry point: nothing more to link) gives the memory type and the allocation's whole address
 // range; while a PointerLocationScope is open, a later pointer inside a range already asked about
 // is answered from it, so a call asks once per distinct allocation (q, k and v views of one fused
-// qkv buffer: one query), not once per pointer (22 runtime queries per Python forward before).
+// qkv buffer: one query), not once per pointer (that way, 22 runtime queries a Python forward).
 // Unregistered host memory has no range: each such pointer is one query.
 namespace {
 
@@ -602,7 +602,7 @@ KnownRange query_location(const void* p) {
       return r;
     }
   }
-  // No driver entry point, or the driver refused the pointer: the runtime's answer, as before.
+  // No driver entry point, or the driver refused the pointer: the runtime's answer.
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error of an unknown pointer

@@ -50,17 +50,16 @@ JF_HD uint64_t sequence_weight(int64_t lq, int64_t lk, TileShape shape) {
 // tiles of one sequence together, q blocks last to first (the costliest first under causal and
 // bottom-right windows). A sequence's tiles then run at the same time, so its K and V come from
 // DRAM once and from L2 for the other tiles; ordering every tile by its own cost spreads a
-// causal sequence's tiles over the whole run (uniform1k causal read its K and V 3.3 times from
-// DRAM, measured with ncu on the H200). Inside a sequence the heads come in groups
-// (forward_head_group), one group after another, q blocks last to first inside a group and the
-// group's heads innermost. One head a group (without a mask) is head by head, so a long
-// sequence's CTAs share one head's K and V at a time (onegiant +4%, and the clock under the power
-// cap rose 1560 -> 1695 MHz); all heads one group is heads innermost, so the costliest q blocks of
-// every head go first (head by head lost 6% on onegiant causal, where the last head's costliest
-// tiles started late). Between the two, a group is as many KV heads as an L2 budget holds of the
-// sequence's K and V: heads innermost where they fit, and at L = 16k causal the 16 heads' 128 MB
-// of K and V no longer stream from DRAM once per q block (bench/NOTES.md: with all heads one group
-// ncu reads several times FA3's bytes from DRAM there).
+// causal sequence's tiles over the whole run, and its K and V are then read from DRAM many times.
+// Inside a sequence the heads come in groups (forward_head_group), one group after another, q
+// blocks last to first inside a group and the group's heads innermost. One head a group (without
+// a mask) is head by head, so a long sequence's CTAs share one head's K and V at a time (faster,
+// and at a higher clock under the power cap); all heads one group is heads innermost, so
+// the costliest q blocks of every head go first (under causal, head by head would start the last
+// head's costliest tiles late). Between the two, a group is as many KV heads as an L2 budget holds
+// of the sequence's K and V: heads innermost where they fit, and at L = 16k causal the 16 heads'
+// 128 MB of K and V do not stream from DRAM once per q block, as they do with all heads one group
+// (figures: bench/NOTES.md, "Figures moved out of code comments").
 struct HeadOrder {
   // L2 budget of a group in rows of K and V (one KV head's row of both): > 0 sizes the groups by
   // the sequence's kv length, 0 puts all heads in one group, < 0 one head a group.

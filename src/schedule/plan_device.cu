@@ -128,8 +128,8 @@ __device__ __forceinline__ uint64_t fill_pair(const int32_t* q_offsets, const in
 // lower batch, and keeps each sequence's pairs together in fill order: q blocks last to first
 // (schedule::sort_sequences_heaviest_first is the definition). The unused tail of the arrays
 // gets key 0 so it stays after every real pair. One thread per pair (not per sequence): a
-// single long sequence would otherwise fill its hundreds of pairs serially (47 us for
-// onegiant's 16384-token sequence, measured on the H200).
+// single long sequence would otherwise fill its hundreds of pairs serially, tens of
+// microseconds on one thread (figures: bench/NOTES.md, "Figures moved out of code comments").
 __global__ void fill_pairs_kernel(const int32_t* q_offsets, const int32_t* kv_offsets, int32_t batch_size,
                                   int tile_m, int tile_n, int batch_bits, int64_t max_pairs,
                                   bool first_block_first, const int32_t* error_flag,

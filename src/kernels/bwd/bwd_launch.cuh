@@ -29,7 +29,7 @@ inline Schedule schedule_knob() {
 // group of heads in MB (0: the KV heads innermost), JAGFLASH_BWD_ROTATE = 1 starts each tile at
 // Q block m_lo + n_block mod count. The rotation is off by default: the adds into one Q block do
 // not contend enough to pay for the tiles of a head no longer sharing each Q block's L2 lines
-// (bench/NOTES.md, "The measurements behind the code's defaults").
+// (bench/NOTES.md, "The backward's defaults: the figures behind them").
 struct TileOrder {
   int64_t l2_group_bytes;
   int32_t rotate;

@@ -2,7 +2,7 @@
 // over into the fp32 accumulator with TMA reduce-adds (cp.reduce.async.bulk.tensor .add) and
 // frees the stage as soon as the copy has read it, so the consumers' next dQ never waits for
 // global memory. Only the row groups (16 rows) that hold rows of the Q block's sequence are
-// added: a short sequence's (or a pooled query set's) block no longer adds 64 rows of which most
+// added: a short sequence's (or a pooled query set's) block does not add 64 rows of which most
 // are padding (4x the bytes of 16 rows). The padding rows of the last group carry
 // exact zeros, so where it spans into the next sequence (or the slack after the last row) it adds
 // nothing.

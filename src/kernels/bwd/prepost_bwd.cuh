@@ -133,8 +133,8 @@ struct PostprocessParams {
 };
 
 // Eight elements a thread: two 16-byte loads of the accumulator, one 16-byte store; a CTA takes
-// kRowsPerCta rows of one head, as the preprocess does. (The first version, with four 64-bit
-// divisions per item, ran at the same 3.7 TB/s: this one is memory-bound either way.)
+// kRowsPerCta rows of one head, as the preprocess does. Memory-bound: its index arithmetic does not
+// show in its time (figures: bench/NOTES.md, "Figures moved out of code comments").
 template <class Element, int kHeadDim, bool kPadded>
 __global__ void __launch_bounds__(PreprocessShape<kHeadDim>::kThreads)
     postprocess_kernel(const PostprocessParams p) {

@@ -131,7 +131,7 @@ struct SharedStorage {
   uint64_t v_full[Traits::kStages];
   uint64_t v_empty[Traits::kStages];
   // The tiles, taken from the plan and decoded by the scheduler thread (an atomic and a chain
-  // of dependent global loads, ~2000 clocks: kept off the producer, which used to pay them
+  // of dependent global loads, ~2000 clocks: kept off the producer, which would pay them
   // between one tile's last V and the next tile's Q, exposed at every start of a short tile).
   // A ring of kTileSlots by the CTA's tile ordinal: the scheduler runs up to kTileSlots tiles
   // ahead of the consumers' epilogue, which reads its slot again (the consumers need not keep

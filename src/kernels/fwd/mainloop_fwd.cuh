@@ -366,8 +366,9 @@ struct Consumer {
         // The first block (the last in key order, usually masked) is peeled: S alone, there is
         // no P V to overlap yet. Every later block then issues both GEMMs as two groups, so
         // the wait for S leaves P V running (one wait<1>, no branch between issue and wait: an
-        // empty group committed on a conditional path made ptxas emit a dummy wgmma group
-        // after P V, and wait<1> then waited for P V too — the overlap was lost until 8216650).
+        // empty group committed on a conditional path makes ptxas emit a dummy wgmma group
+        // after P V, and wait<1> then waits for P V too, which loses the overlap; check_sass
+        // rule 3 looks for that group).
         const uint32_t k_stage = k_uses % kStages;
         wait_full(smem.k_full, RingPosition<kStages>{k_uses});
         turns.wait_turn();
