@@ -5,8 +5,10 @@
 // split's slot of the partials, which the dK/dV postprocess sums in split order.
 #pragma once
 
+#include "kernels/bwd/barrier_ids_bwd.hpp"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
+#include "kernels/common/barriers.cuh"
 
 namespace jagflash::kernels::bwd {
 
@@ -77,7 +79,7 @@ __device__ __forceinline__ void stage_and_store(const TileInfo& t, TensorAcc& ac
   constexpr int kRows = decltype(size<0>(acc_rc))::value;
   const common::AccumulatorCoords coords(thread);
   const int wg = thread / 128, wg_thread = thread % 128;
-  const uint32_t barrier = 3 + wg;  // 1 and 2: both warpgroups' barriers
+  const uint32_t barrier = warpgroup_barrier(wg);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int key = coords.row(r) - 64 * wg;
@@ -88,7 +90,7 @@ __device__ __forceinline__ void stage_and_store(const TileInfo& t, TensorAcc& ac
                     common::pack2(Element{}, acc_rc(r, c) * factor, acc_rc(r, c + 1) * factor));
     }
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);
+  common::named_barrier_sync(barrier, 128);
   const int32_t key_lo = t.n_block * Traits::kBlockN + 64 * wg;  // the warpgroup's first key
 #pragma unroll
   for (int i = 0; i < 64 * Staging::kChunks / 128; ++i) {
@@ -102,7 +104,7 @@ __device__ __forceinline__ void stage_and_store(const TileInfo& t, TensorAcc& ac
                                 chunk * (16 / int(sizeof(Element)))) = v;
     }
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging bytes are free again
+  common::named_barrier_sync(barrier, 128);  // the staging bytes are free again
 }
 
 // dk_partial, dv_partial (a split group's fp32 slots): one store per column pair straight from
@@ -133,7 +135,7 @@ __device__ __forceinline__ void store_dkdv(const Params<Traits>& p, const TileIn
   }
   // Both warpgroups' last dQ GEMM (which reads every key's dS) is done before either overwrites
   // its keys' dS bytes.
-  cutlass::arch::NamedBarrier::sync(256, 2);
+  common::named_barrier_sync(BwdBarrier::kDsFree, 256);
   stage_and_store<Traits>(t, dk_rc, p.scale, p.dk, p.dk_row_stride, p.dk_head_stride, p.head_dim_chunks,
                           ds_base, thread);
   stage_and_store<Traits>(t, dv_rc, 1.f, p.dv, p.dv_row_stride, p.dv_head_stride, p.v_head_dim_chunks,

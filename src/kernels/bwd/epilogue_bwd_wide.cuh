@@ -6,9 +6,11 @@
 // by the dK/dV postprocess). The same contract as epilogue_bwd.cuh's, split by columns, not keys.
 #pragma once
 
+#include "kernels/bwd/barrier_ids_bwd.hpp"
 #include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
+#include "kernels/common/barriers.cuh"
 
 namespace jagflash::kernels::bwd {
 
@@ -45,7 +47,7 @@ __device__ __forceinline__ void stage_and_store_half(const TileInfo& t, TensorAc
   constexpr int kRows = decltype(size<0>(acc_rc))::value;
   const int wg = thread / 128, wg_thread = thread % 128;
   const common::AccumulatorCoords coords(wg_thread);  // keys 0-63 of the tile, columns of the half
-  const uint32_t barrier = 3 + wg;
+  const uint32_t barrier = warpgroup_barrier(wg);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int key = coords.row(r);
@@ -56,7 +58,7 @@ __device__ __forceinline__ void stage_and_store_half(const TileInfo& t, TensorAc
                     common::pack2(Element{}, acc_rc(r, c) * factor, acc_rc(r, c + 1) * factor));
     }
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);
+  common::named_barrier_sync(barrier, 128);
   const int32_t key_lo = t.n_block * Traits::kBlockN;
   const int first_chunk = wg * Staging::kChunks;  // the half's first chunk in the row
 #pragma unroll
@@ -70,7 +72,7 @@ __device__ __forceinline__ void stage_and_store_half(const TileInfo& t, TensorAc
                                 (first_chunk + chunk) * (16 / int(sizeof(Element)))) = v;
     }
   }
-  cutlass::arch::NamedBarrier::sync(128, barrier);  // the staging bytes are free again
+  common::named_barrier_sync(barrier, 128);  // the staging bytes are free again
 }
 
 // The tile's dK and dV, this warpgroup's half. staging: the warpgroup's 16 KB (its dS buffers).

@@ -7,6 +7,7 @@
 // (epilogue_bwd.cuh).
 #pragma once
 
+#include "kernels/bwd/barrier_ids_bwd.hpp"
 #include "kernels/bwd/dq_handoff_bwd.cuh"
 #include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
@@ -16,6 +17,7 @@
 #include "kernels/bwd/smem_views_bwd.cuh"
 #include "kernels/bwd/step_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
+#include "kernels/common/barriers.cuh"
 #include "kernels/common/ring.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 
@@ -55,15 +57,10 @@ struct Consumer {
   // A warpgroup issues a Q block's dQ = dS K one step late, beside the next block's dV and dK: it
   // reads the other warpgroup's dS, by then long in shared memory, so neither waits for the other
   // inside a step. (With dQ in its own step both met at a barrier every step and computed their
-  // scores at the same time, the tensor cores idle meanwhile.) A warpgroup's arrival on
-  // ds_ready(warpgroup, u) after its u-th step says: its dS of that step is in buffer u % 2, and
-  // its dQ of the step before has read buffer (u - 1) % 2 (which the other warpgroup may then
-  // overwrite). The other warpgroup consumes each arrival once: before its next step's dS store,
-  // or before the tile's last dQ (drained at the tile's end). Hardware named-barrier ids 2-5
-  // (CUTLASS's NamedBarrier::sync adds 8 to its ids: 10-12 are the epilogue's), one per
-  // warpgroup and parity of u, so that an arrival for step u + 2 cannot complete a phase the
-  // other warpgroup has not yet synced on for step u.
-  __device__ static uint32_t ds_ready(int warpgroup, uint32_t u) { return 2 + 2 * warpgroup + (u & 1); }
+  // scores at the same time, the tensor cores idle meanwhile.) A warpgroup arrives on
+  // ds_ready_barrier(warpgroup, u) after its u-th step (barrier_ids_bwd.hpp); the other
+  // warpgroup consumes each arrival once: before its next step's dS store, or before the tile's
+  // last dQ (drained at the tile's end).
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -214,13 +211,13 @@ struct Consumer {
       if (!computes) {  // warpgroup 1 with no visible key: the previous step's dQ over the lower keys
         if (last_dp) release_v();
         if (dq_pending) {
-          common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+          common::named_barrier_sync_unaligned(ds_ready_barrier(1 - warpgroup, uses - 1), 256);
           issue_dq(gemm_ds_buf ^ 1, upper_keys_seen);
           warpgroup_wait<0>();
           hand_over_dq(t);
         }
         __syncwarp();
-        common::named_barrier_arrive_unaligned(ds_ready(warpgroup, uses), 256);
+        common::named_barrier_arrive_unaligned(ds_ready_barrier(warpgroup, uses), 256);
         release_stage(q_at.stage());
       } else {
         p_and_ds(t, key0, h, m, m * kBlockM, q_at, gemm_stage, last_dp);
@@ -228,7 +225,7 @@ struct Consumer {
         if (dq_pending) {
           // The other warpgroup's dS of the step before is in shared memory and its dQ before
           // that has read the buffer this step's dS goes to.
-          common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+          common::named_barrier_sync_unaligned(ds_ready_barrier(1 - warpgroup, uses - 1), 256);
           store_ds(uses % Traits::kDsBuffers);
           issue_dq(gemm_ds_buf ^ 1, upper_keys_seen);
           issue_dk(gemm_stage);
@@ -239,7 +236,7 @@ struct Consumer {
           issue_dk(gemm_stage);
         }
         __syncwarp();
-        common::named_barrier_arrive_unaligned(ds_ready(warpgroup, uses), 256);
+        common::named_barrier_arrive_unaligned(ds_ready_barrier(warpgroup, uses), 256);
         warpgroup_wait<0>();
         release_stage(q_at.stage());
       }
@@ -250,7 +247,7 @@ struct Consumer {
     // At the tile's end: its last Q block's dQ, before K is released.
     auto drain_dq = [&](const TileInfo& t, int32_t key0) {
       if (dq_h < 0) return;
-      common::named_barrier_sync_unaligned(ds_ready(1 - warpgroup, uses - 1), 256);
+      common::named_barrier_sync_unaligned(ds_ready_barrier(1 - warpgroup, uses - 1), 256);
       views.refresh();
       const uint32_t gemm_uses = __shfl_sync(0xffffffff, uses, 0);
       issue_dq((gemm_uses - 1) % Traits::kDsBuffers, upper_keys_seen_in(t, key0));

@@ -8,6 +8,7 @@
 // the tile's end through the warpgroup's dS buffers (epilogue_bwd_wide.cuh).
 #pragma once
 
+#include "kernels/bwd/barrier_ids_bwd.hpp"
 #include "kernels/bwd/dq_handoff_bwd.cuh"
 #include "kernels/bwd/epilogue_bwd_wide.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
@@ -17,6 +18,7 @@
 #include "kernels/bwd/smem_views_bwd.cuh"
 #include "kernels/bwd/step_bwd.cuh"
 #include "kernels/common/accumulator.cuh"
+#include "kernels/common/barriers.cuh"
 #include "kernels/common/ring.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
 
@@ -144,7 +146,7 @@ struct ConsumerWide {
       store_ds_smem<DsOffsets>(tDsrDs, cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * wg * kDsBufferBytes,
                                fresh_consumer_thread() % 128);
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(128, 3 + wg);  // the warpgroup's dS is in shared memory
+      common::named_barrier_sync(warpgroup_barrier(wg), 128);  // the warpgroup's dS is in shared memory
       // With one Q/dO stage the next Q block loads only once this one's are free: dK (the last
       // reader of Q) first and dV (of dO) next, each released as soon as it is done, so the
       // loads run under the dQ GEMMs.
