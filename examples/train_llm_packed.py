@@ -217,14 +217,15 @@ def train(name, config, initial_state, batches, args):
 
 
 def main(argv=None):
-    """Runs the comparison; returns {"device", "reference_path", "results": {name: {"losses",
-    "tokens_per_s", "final_loss"}}, "skipped": {name: why}}."""
+    """Runs the comparison; returns {"device", "reference_path", "jagflash_paths" (CUDA: the path
+    serving each direction, e.g. {"forward": "hopper", "backward": "hopper"}; None on the CPU),
+    "results": {name: {"losses", "tokens_per_s", "final_loss"}}, "skipped": {name: why}}."""
     args = parse_args(argv)
     try:
         import transformers
     except ImportError:
         sys.exit("train_llm_packed.py needs Hugging Face transformers (pip install transformers)")
-    import jagflash  # noqa: F401  (registers the ops)
+    import jagflash  # registers the ops
     from jagflash.integrations import transformers as jf_transformers
 
     jf_transformers.register()
@@ -242,6 +243,17 @@ def main(argv=None):
           f"vocab {args.vocab}, on {args.device}; {args.steps} steps of {args.docs} documents "
           f"({args.min_len}-{args.max_len} tokens): {tokens:.0f} tokens a step, {padded:.0f} once padded "
           f"({padded / tokens:.1f}x)")
+    paths = None
+    if args.device.type == "cuda":
+        # Which path serves jagflash's bf16 attention at this head dim: "hopper" where this build's
+        # Hopper kernels serve it (the defaults' 1024 / 8 = 128 is), "oracle" (the slow path)
+        # otherwise. Said, not assumed.
+        head_dim = args.hidden // args.heads
+        q = torch.empty(1, args.heads, head_dim, device=args.device, dtype=torch.bfloat16)
+        kv = torch.empty(1, args.kv_heads, head_dim, device=args.device, dtype=torch.bfloat16)
+        offsets = torch.tensor([0, 1], dtype=torch.int32, device=args.device)
+        paths = {d: str(jagflash.backend(q, kv, kv, offsets, backward=d == "backward")) for d in ("forward", "backward")}
+        print(f"jagflash at head dim {head_dim}, bf16: forward on {paths['forward']}, backward on {paths['backward']}")
 
     results, skipped = {}, {}
     with common.cpu_threads(args.device):
@@ -259,7 +271,8 @@ def main(argv=None):
                 torch.cuda.empty_cache()
     print()
     common.print_table([(n, r["tokens_per_s"], r["final_loss"]) for n, r in results.items()], skipped)
-    return dict(device=str(args.device), reference_path=args.device.type == "cpu", results=results, skipped=skipped)
+    return dict(device=str(args.device), reference_path=args.device.type == "cpu", jagflash_paths=paths,
+                results=results, skipped=skipped)
 
 
 if __name__ == "__main__":
