@@ -3,6 +3,7 @@
 // lse per row, -inf and O = 0 for rows that see no key.
 #pragma once
 
+#include "kernels/fwd/barrier_ids_fwd.hpp"
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/softmax.cuh"
 
@@ -39,10 +40,13 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
   constexpr int kChunksPerRow = Traits::kOStagingColumns / kChunk;
   constexpr int kPairsPerRound = decltype(size<1>(o_rc))::value / kRounds;  // accumulator columns
   const int warpgroup = thread / 128, wg_thread = thread % 128;
-  // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (2 + its
-  // index among all consumer warpgroups; 0 and 1 are the ping-pong turns).
+  // Each warpgroup stages its own 64 rows and synchronises on its own named barrier (by its index
+  // among all consumer warpgroups: barrier_ids_fwd.hpp).
   Element* o_smem = smem.o.data() + warpgroup * kWgRows * kStride;
-  const uint32_t barrier = 2 + pair * Traits::kConsumerWarpgroups + warpgroup;
+  // Passed to CUTLASS's NamedBarrier, which adds its reserved 8 to the id it is given.
+  constexpr int kFirstBarrier =
+      warpgroup_barrier(0) - static_cast<int>(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount);
+  const uint32_t barrier = kFirstBarrier + pair * Traits::kConsumerWarpgroups + warpgroup;
 
   float inv_l[kRows];
 #pragma unroll

@@ -7,9 +7,11 @@
 //    online softmax, O += P V, then the epilogue.
 #pragma once
 
+#include "kernels/common/barriers.cuh"
 #include "kernels/common/block_sparse.cuh"
 #include "kernels/common/ring.cuh"
 #include "kernels/common/warpgroup_gemm.cuh"
+#include "kernels/fwd/barrier_ids_fwd.hpp"
 #include "kernels/fwd/epilogue_fwd.cuh"
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/scheduler_fwd.cuh"
@@ -144,35 +146,37 @@ struct Producer {
 // group of GEMMs and hands the turn to the other right after, so the tensor cores work for one
 // warpgroup while the other runs its softmax. Warpgroup 0 goes first. Both warpgroups issue the
 // same number of groups per tile, so the turns stay paired across tiles. A no-op without kPingPong.
-// Hardware barriers 8 and 9: 0-7 are CUTLASS's reserved ones, and the epilogue's
-// NamedBarrier ids 2 + warpgroup land on 10 and 11. Each turn is one predicated asm block, so
+// Hardware barriers FwdBarrier::kTurn0 and kTurn1 (barrier_ids_fwd.hpp). Each turn is one
+// predicated asm block, so
 // no branch sits between the GEMMs' issue and their wait (where ptxas is quick to serialize
 // every wgmma: C7514/C7518, see the wait in Consumer::run).
 template <bool kPingPong>
 struct WarpgroupTurns {
   static constexpr uint32_t kThreads = 256;  // both consumer warpgroups
+  static constexpr uint32_t kTurn0 = static_cast<uint32_t>(FwdBarrier::kTurn0);
+  static constexpr uint32_t kTurn1 = static_cast<uint32_t>(FwdBarrier::kTurn1);
   uint32_t warpgroup;
   __device__ explicit WarpgroupTurns(int wg) : warpgroup(static_cast<uint32_t>(wg)) {
     if constexpr (kPingPong)
-      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 1;\n @p bar.arrive 8, %1;\n}\n" ::"r"(warpgroup),
-                   "n"(kThreads)
+      asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 1;\n @p bar.arrive %2, %1;\n}\n" ::"r"(warpgroup),
+                   "n"(kThreads), "n"(kTurn0)
                    : "memory");
   }
-  // Warpgroup 0 waits on barrier 8, warpgroup 1 on 9.
+  // Warpgroup 0 waits on kTurn0, warpgroup 1 on kTurn1.
   __device__ void wait_turn() const {
     if constexpr (kPingPong)
       asm volatile(
-          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.sync 8, %1;\n @!p bar.sync 9, %1;\n}\n" ::"r"(
+          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.sync %2, %1;\n @!p bar.sync %3, %1;\n}\n" ::"r"(
               warpgroup),
-          "n"(kThreads)
+          "n"(kThreads), "n"(kTurn0), "n"(kTurn1)
           : "memory");
   }
   __device__ void pass_turn() const {
     if constexpr (kPingPong)
       asm volatile(
-          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.arrive 9, %1;\n @!p bar.arrive 8, %1;\n}\n" ::
+          "{\n .reg .pred p;\n setp.eq.u32 p, %0, 0;\n @p bar.arrive %3, %1;\n @!p bar.arrive %2, %1;\n}\n" ::
               "r"(warpgroup),
-          "n"(kThreads)
+          "n"(kThreads), "n"(kTurn0), "n"(kTurn1)
           : "memory");
   }
 };
