@@ -144,6 +144,31 @@ def cpu_threads(device):
         torch.set_num_threads(before)
 
 
+def add_common_arguments(parser, implementations):
+    """The arguments both training examples take besides their model's: device, steps, warm-up,
+    seed, which implementations to run, the progress bar."""
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per implementation")
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: 2 CUDA, 1 CPU)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--implementations", nargs="+", choices=implementations, default=list(implementations))
+    add_progress_argument(parser)
+
+
+def finish_args(parser, argv, gpu_defaults, cpu_defaults):
+    """Parses argv, then fills every argument left unset from the defaults of the device it will
+    run on (the GPU sizes would take hours on the CPU) and the warm-up from the step count."""
+    args = parser.parse_args(argv)
+    args.device = device_of(args.device)
+    for name, value in (gpu_defaults if args.device.type == "cuda" else cpu_defaults).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.warmup is None:
+        args.warmup = default_warmup(args.steps, args.device)
+    return args
+
+
 def device_of(name):
     """--device's value, None meaning CUDA when there is one."""
     if name is None:

@@ -54,8 +54,7 @@ IMPLEMENTATIONS = ("jagged_attention", "sdpa", VARLEN_NAME)
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per implementation")
+    common.add_common_arguments(parser, IMPLEMENTATIONS)
     parser.add_argument("--docs", type=int, default=None, help="documents per batch")
     parser.add_argument("--min-len", type=int, default=None, help="shortest document (tokens)")
     parser.add_argument("--max-len", type=int, default=None, help="longest document (tokens)")
@@ -64,19 +63,7 @@ def parse_args(argv):
     parser.add_argument("--heads", type=int, default=None, help="query heads (head dim = hidden / heads)")
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA)")
     parser.add_argument("--vocab", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: 2 CUDA, 1 CPU)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--implementations", nargs="+", choices=IMPLEMENTATIONS, default=list(IMPLEMENTATIONS))
-    common.add_progress_argument(parser)
-    args = parser.parse_args(argv)
-    args.device = common.device_of(args.device)
-    for name, value in (GPU_DEFAULTS if args.device.type == "cuda" else CPU_DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.warmup is None:
-        args.warmup = common.default_warmup(args.steps, args.device)
-    return args
+    return common.finish_args(parser, argv, GPU_DEFAULTS, CPU_DEFAULTS)
 
 
 # ---- Data: the same documents for every implementation, in two layouts.

@@ -60,8 +60,7 @@ FAVOURITE_SHARE = 0.7  # share of a user's events from the favourite category; t
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per implementation")
+    common.add_common_arguments(parser, IMPLEMENTATIONS)
     parser.add_argument("--users", type=int, default=None, help="histories per batch")
     parser.add_argument("--min-len", type=int, default=None, help="shortest history (events)")
     parser.add_argument("--max-len", type=int, default=None, help="longest history (events)")
@@ -70,19 +69,7 @@ def parse_args(argv):
     parser.add_argument("--dim", type=int, default=None, help="model width")
     parser.add_argument("--heads", type=int, default=None, help="attention heads (head dim = dim / heads)")
     parser.add_argument("--seeds", type=int, default=None, help="PMA seed queries (interests per user)")
-    parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default: 2 CUDA, 1 CPU)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--implementations", nargs="+", choices=IMPLEMENTATIONS, default=list(IMPLEMENTATIONS))
-    common.add_progress_argument(parser)
-    args = parser.parse_args(argv)
-    args.device = common.device_of(args.device)
-    for name, value in (GPU_DEFAULTS if args.device.type == "cuda" else CPU_DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.warmup is None:
-        args.warmup = common.default_warmup(args.steps, args.device)
-    return args
+    return common.finish_args(parser, argv, GPU_DEFAULTS, CPU_DEFAULTS)
 
 
 # ---- Data.

@@ -54,13 +54,6 @@ struct Consumer {
   // the branches spread the dV/dK wgmma issue and cost the long batches more than they gain on
   // short ones (bench/NOTES.md): D = 128 only.
   static constexpr bool kSkipIdleUpperKeys = Traits::kHeadDim == 128;
-  // A warpgroup issues a Q block's dQ = dS K one step late, beside the next block's dV and dK: it
-  // reads the other warpgroup's dS, by then long in shared memory, so neither waits for the other
-  // inside a step. (With dQ in its own step both met at a barrier every step and computed their
-  // scores at the same time, the tensor cores idle meanwhile.) A warpgroup arrives on
-  // ds_ready_barrier(warpgroup, u) after its u-th step (barrier_ids_bwd.hpp); the other
-  // warpgroup consumes each arrival once: before its next step's dS store, or before the tile's
-  // last dQ (drained at the tile's end).
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns keys 0-63 of the tile).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -198,6 +191,13 @@ struct Consumer {
     };
     // One step: Q block m's (query head h, the tile's i-th step, against the tile's keys from
     // key0) scores, dS, dV and dK, and the dQ of the step before (in this tile).
+    // A warpgroup issues a Q block's dQ = dS K one step late, beside the next block's dV and dK: it
+    // reads the other warpgroup's dS, by then long in shared memory, so neither waits for the other
+    // inside a step. (With dQ in its own step both met at a barrier every step and computed their
+    // scores at the same time, the tensor cores idle meanwhile.) A warpgroup arrives on
+    // ds_ready_barrier(warpgroup, u) after its u-th step (barrier_ids_bwd.hpp); the other
+    // warpgroup consumes each arrival once: before its next step's dS store, or before the tile's
+    // last dQ (drained at the tile's end).
     auto step = [&](const TileInfo& t, int32_t key0, int32_t h, int32_t i, int32_t m) {
       const RingPosition<kStages> q_at{uses};
       views.refresh();
