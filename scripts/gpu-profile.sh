@@ -3,7 +3,8 @@
 # .fa3/) on one batch (bench/profile_bwd.py), one launch each after warm-up; the reports and their
 # text (details, and the SASS lines with the most stall samples) go to $OUT.
 #   usage: scripts/gpu-profile.sh [build-dir]   PROFILE_ARGS="--dist uniform1k --head-dim 128"
-#   NCU_SET=full (default) or e.g. "detailed"; DIRECTION=fwd profiles the forward kernels instead
+#   NCU_SET=full (default) or e.g. "detailed"; DIRECTION=fwd profiles the forward kernels instead;
+#   IMPLS="fa3" profiles one of the two only (e.g. when the call cannot carry both)
 #   (profile_bwd.py runs both directions)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,7 +14,7 @@ args="${PROFILE_ARGS:---dist uniform1k --head-dim 128}"
 tag="${DIRECTION:-bwd}_$(echo "$args" | tr -c 'a-zA-Z0-9' '_' | sed 's/__*/_/g; s/^_//; s/_$//')"
 # jagflash's main backward kernel, then FA3's (its backward kernel is a cutlass device_kernel
 # around FlashAttnBwdSm90): launch 2 of each (the first call warms up).
-for impl in jagflash fa3; do
+for impl in ${IMPLS:-jagflash fa3}; do
   case "$impl-${DIRECTION:-bwd}" in
     jagflash-bwd) filter='regex:backward_kernel' ;;
     fa3-bwd) filter='regex:FlashAttnBwdSm90' ;;

@@ -72,21 +72,23 @@ inline void expect_matches_reference(const GpuBatch& g, bool with_backward) {
   EXPECT_LE(c.dq_rel, backward_tolerance(dt)) << "dq";
   EXPECT_LE(c.dk_rel, backward_tolerance(dt)) << "dk";
   EXPECT_LE(c.dv_rel, backward_tolerance(dt)) << "dv";
+  EXPECT_LE(c.dsink_rel, backward_tolerance(dt)) << "d learnable_sink";
 }
 
-// The deterministic backward on g (its forward run first) `runs` times: dq, dk, dv bitwise
-// identical every time.
+// The deterministic backward on g (its forward run first) `runs` times: dq, dk, dv (and d sink)
+// bitwise identical every time.
 inline void expect_deterministic_backward_repeats(GpuBatch& g, int runs) {
   const jf_fwd_args fa = g.forward_args(JF_BACKEND_AUTO);
   ASSERT_EQ(jagflash_fwd(&fa), JF_OK) << jagflash_last_error();
   jf_bwd_args ba = g.backward_args(JF_BACKEND_AUTO);
   ba.launch.deterministic = 1;
-  std::vector<unsigned char> first[3];
+  std::vector<unsigned char> first[4];
   for (int run = 0; run < runs; ++run) {
     ASSERT_EQ(jagflash_bwd(&ba), JF_OK) << jagflash_last_error();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const DeviceBuffer* bufs[3] = {&g.dq, &g.dk, &g.dv};
-    for (int i = 0; i < 3; ++i) {
+    // With sinks their gradient too (an empty buffer otherwise compares trivially).
+    const DeviceBuffer* bufs[4] = {&g.dq, &g.dk, &g.dv, &g.d_dsink};
+    for (int i = 0; i < 4; ++i) {
       std::vector<unsigned char> h(bufs[i]->bytes());
       bufs[i]->to_host(h.data());
       if (run == 0)

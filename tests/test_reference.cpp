@@ -7,7 +7,9 @@
 //  - exact zeros / -inf where nothing is visible, writes confined to the views, determinism;
 //  - every head dim (multiples of 8 up to 256) and a v head dim of its own, through the C API;
 //  - the score modifiers (tanh softcap, ALiBi) through the C API, against the dense forward with
-//    the modifier written out here (NaiveMod, not core/score_mod.hpp) and its finite differences.
+//    the modifier written out here (NaiveMod, not core/score_mod.hpp) and its finite differences;
+//  - learnable sinks, alone and with a softcap, under every mask: the same, finite differences
+//    of d sink included, and the rows that see no key (out 0, lse = the sink, no gradient).
 #include "reference/reference.hpp"
 
 #include "core/mask.hpp"
@@ -93,9 +95,11 @@ struct NaiveResult {
 
 // A score modifier written out independently of core/score_mod.hpp: cap > 0 applies
 // cap * tanh(s / cap) to the scaled score; non-empty slopes add -slopes[h] * |i + Lk - Lq - j|.
+// Non-empty sinks: head h's logit sinks[h] joins every row's softmax with no value.
 struct NaiveMod {
   double cap = 0.0;
   std::vector<double> slopes;
+  std::vector<double> sinks;
 };
 
 // Builds the full Lq x Lk score matrix of every (sequence, head), masks it elementwise, softmaxes
@@ -124,11 +128,12 @@ NaiveResult naive_forward(const DenseBatch& in, const MaskPolicy& mask, double s
             score -= mod.slopes[static_cast<size_t>(h)] * static_cast<double>(std::abs(i + lk - lq - j));
           s[i * lk + j] = mask.visible(i, j, lq, lk) ? score : -kInf;
         }
+      const double sink = mod.sinks.empty() ? -kInf : mod.sinks[static_cast<size_t>(h)];
       for (int64_t i = 0; i < lq; ++i) {
-        double m = -kInf;
+        double m = sink;
         for (int64_t j = 0; j < lk; ++j) m = std::max(m, s[i * lk + j]);
         if (m == -kInf) continue;
-        double l = 0.0;
+        double l = std::exp(sink - m);
         for (int64_t j = 0; j < lk; ++j) {
           s[i * lk + j] = std::exp(s[i * lk + j] - m);
           l += s[i * lk + j];
@@ -246,8 +251,10 @@ void expect_tensor_near(const HostTensor& got, const std::vector<double>& want, 
 }
 
 // lse and out where no key is visible must be exactly -inf and 0; elsewhere lse is finite and
-// within the float rounding of the naive value.
-void expect_forward_matches(const ForwardResult& got, const NaiveResult& want, jf_dtype dtype) {
+// within the float rounding of the naive value. `has_empty_rows`: the batch's rows that see no key
+// have lse = -inf (false with sinks, whose lse there is the sink's).
+void expect_forward_matches(const ForwardResult& got, const NaiveResult& want, jf_dtype dtype,
+                            bool has_empty_rows = true) {
   expect_tensor_near(got.out, want.out, out_tolerance(dtype), "out");
   const int64_t total_q = got.out.rows;
   int64_t empty_rows = 0, bad = 0;
@@ -265,7 +272,9 @@ void expect_forward_matches(const ForwardResult& got, const NaiveResult& want, j
     }
   EXPECT_EQ(bad, 0) << "lse elements outside the float rounding bound";
   // Every batch here has a sequence with Lq > 0 and Lk = 0, so the empty-row branch is exercised.
-  EXPECT_GT(empty_rows, 0);
+  if (has_empty_rows) {
+    EXPECT_GT(empty_rows, 0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1158,6 +1167,168 @@ TEST_P(ReferenceScoreModBackward, MatchesFiniteDifferencesThroughTheCApi) {
 
 INSTANTIATE_TEST_SUITE_P(ScoreMods, ReferenceScoreModBackward, ::testing::ValuesIn(score_mod_cases(false)),
                          [](const ::testing::TestParamInfo<ScoreModCase>& info) { return info.param.name; });
+
+// Learnable sinks through the C API: alone and with a softcap, under every mask and head layout,
+// the batch's length-0 and length-1 sequences and q != kv lengths included.
+struct SinkCase {
+  std::string name;
+  double cap;  // > 0: a softcap as well
+  MaskCase mask;
+  HeadCase heads;
+  jf_dtype dtype;
+  uint64_t seed;
+};
+
+std::ostream& operator<<(std::ostream& os, const SinkCase& c) { return os << c.name; }
+
+std::vector<SinkCase> sink_cases(bool with_dtypes) {
+  std::vector<SinkCase> cases;
+  const jf_dtype dtypes[] = {JF_FP32, JF_BF16, JF_FP16};
+  uint64_t seed = with_dtypes ? 9700 : 9800;
+  size_t i = 0;
+  for (const double cap : {0.0, 5.0})
+    for (const MaskCase& m : all_masks()) {
+      const HeadCase& h = all_heads()[i % all_heads().size()];
+      const jf_dtype dtype = with_dtypes ? dtypes[i % 3] : JF_FP32;
+      std::string name = std::string(cap > 0 ? "sink_softcap5_" : "sink_") + m.name + "_" + h.name;
+      if (with_dtypes) name += std::string("_") + dtype_name(dtype);
+      cases.push_back({name, cap, m, h, dtype, seed++});
+      ++i;
+    }
+  return cases;
+}
+
+// Sinks around the rows' scores (these inputs give scaled scores of a few units): one far below,
+// some level with them, one above, so the sink's share ranges from nothing to most of a row.
+struct SinkProblem {
+  jf_problem problem;
+  std::vector<float> sinks;
+  NaiveMod naive;
+};
+
+SinkProblem sink_problem(HostBatch& batch, const SinkCase& c, float scale) {
+  SinkProblem sp{api_problem(batch, c.mask, scale), {}, {}};
+  const float pattern[] = {-8.0f, 0.5f, 2.0f, 6.0f};
+  for (int h = 0; h < c.heads.H; ++h) sp.sinks.push_back(pattern[h % 4]);
+  sp.problem.learnable_sink = sp.sinks.data();
+  sp.naive.sinks.assign(sp.sinks.begin(), sp.sinks.end());
+  if (c.cap > 0.0) {
+    sp.problem.score_mod = JF_SCORE_MOD_SOFTCAP;
+    sp.problem.softcap = static_cast<float>(c.cap);
+    sp.naive.cap = static_cast<float>(c.cap);
+  }
+  return sp;
+}
+
+class ReferenceSinkForward : public ::testing::TestWithParam<SinkCase> {};
+
+TEST_P(ReferenceSinkForward, MatchesDenseNaiveThroughTheCApi) {
+  const SinkCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kD = 32;
+  HostBatch batch = make_random_batch(kLenQ, kLenKv, c.heads.H, c.heads.H_kv, kD, c.dtype, c.seed, 8);
+  SinkProblem sp = sink_problem(batch, c, 1.0f);
+  const ForwardResult got = api_forward(batch, c.mask, 1.0f, 8, &sp.problem);
+  const NaiveResult want = naive_forward(to_dense(batch), policy_of(c.mask), 1.0, sp.naive);
+  expect_forward_matches(got, want, c.dtype, /*has_empty_rows=*/false);
+  // The sinks change the result, and a row that sees no key has lse = its head's sink.
+  NaiveMod no_sink = sp.naive;
+  no_sink.sinks.clear();
+  const NaiveResult plain = naive_forward(to_dense(batch), policy_of(c.mask), 1.0, no_sink);
+  double differ = 0.0;
+  for (size_t k = 0; k < plain.out.size(); ++k)
+    differ = std::max(differ, std::abs(plain.out[k] - want.out[k]));
+  EXPECT_GT(differ, 1e-3);
+  int64_t unseen_rows = 0;
+  for (int h = 0; h < c.heads.H; ++h)
+    for (int64_t r = 0; r < batch.total_q(); ++r)
+      if (plain.lse[static_cast<size_t>(h * batch.total_q() + r)] == -kInf) {
+        ++unseen_rows;
+        EXPECT_EQ(got.lse[static_cast<size_t>(h * batch.total_q() + r)], sp.sinks[static_cast<size_t>(h)]);
+        for (int d = 0; d < kD; ++d) EXPECT_EQ(got.out.get(r, h, d), 0.0) << "row " << r << " head " << h;
+      }
+  EXPECT_GT(unseen_rows, 0);  // the batch's q rows whose sequence has no keys (kLenKv's zeros)
+}
+
+INSTANTIATE_TEST_SUITE_P(Sinks, ReferenceSinkForward, ::testing::ValuesIn(sink_cases(true)),
+                         [](const ::testing::TestParamInfo<SinkCase>& info) { return info.param.name; });
+
+class ReferenceSinkBackward : public ::testing::TestWithParam<SinkCase> {};
+
+// dq, dk, dv and d sink (fp32) against central finite differences of the dense naive forward
+// with the sinks, the gradient buffers poisoned before the call.
+TEST_P(ReferenceSinkBackward, MatchesFiniteDifferencesThroughTheCApi) {
+  const SinkCase& c = GetParam();
+  SCOPED_TRACE("case " + c.name + " seed " + std::to_string(c.seed));
+  constexpr int kD = 16;
+  constexpr int kSamples = 12;
+  constexpr double kStep = 1e-4;
+  constexpr double kTol = 1e-4;
+  constexpr float kScale = 1.0f;
+  const int H = c.heads.H, H_kv = c.heads.H_kv;
+  HostBatch batch = make_random_batch(kFdLenQ, kFdLenKv, H, H_kv, kD, JF_FP32, c.seed, 3);
+  HostTensor dout = make_tensor(JF_FP32, batch.total_q(), H, kD, 5);
+  std::mt19937_64 rng(c.seed ^ 0x5eedULL);
+  dout.fill_random(rng);
+  SinkProblem sp = sink_problem(batch, c, kScale);
+  ForwardResult fwd = api_forward(batch, c.mask, kScale, 0, &sp.problem);
+  Grads g{make_tensor(JF_FP32, batch.total_q(), H, kD, 7),
+          make_tensor(JF_FP32, batch.total_kv(), H_kv, kD, 7),
+          make_tensor(JF_FP32, batch.total_kv(), H_kv, kD, 7)};
+  for (HostTensor* t : {&g.dq, &g.dk, &g.dv}) t->fill(kSentinel);
+  std::vector<float> dsink(static_cast<size_t>(H), static_cast<float>(kSentinel));
+  jf_bwd_args args = backward_args(sp.problem, fwd.out, dout, fwd.lse.data(), g.dq, g.dk, g.dv);
+  args.dlearnable_sink = dsink.data();
+  ASSERT_EQ(jagflash_bwd(&args), JF_OK) << jagflash_last_error();
+
+  const MaskPolicy mask = policy_of(c.mask);
+  const DenseBatch base = to_dense(batch);
+  const std::vector<double> dout_dense = to_dense(dout);
+  double dsink_max = 0.0;
+  for (int h = 0; h < H; ++h) {
+    NaiveMod plus = sp.naive, minus = sp.naive;
+    plus.sinks[static_cast<size_t>(h)] += kStep;
+    minus.sinks[static_cast<size_t>(h)] -= kStep;
+    const double fd =
+        (loss_of(base, mask, kScale, dout_dense, plus) - loss_of(base, mask, kScale, dout_dense, minus)) /
+        (2 * kStep);
+    EXPECT_NEAR(dsink[static_cast<size_t>(h)], fd, kTol * std::max(1.0, std::abs(fd)))
+        << "d sink of head " << h;
+    dsink_max = std::max(dsink_max, std::abs(fd));
+  }
+  EXPECT_GT(dsink_max, 1e-3);  // the sinks matter to this loss
+  struct Target {
+    const char* name;
+    std::vector<double> DenseBatch::*field;
+    const HostTensor* grad;
+    int heads;
+  };
+  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, H},
+                            {"dk", &DenseBatch::k, &g.dk, H_kv},
+                            {"dv", &DenseBatch::v, &g.dv, H_kv}};
+  for (const Target& t : targets) {
+    const double grad_max = max_abs(*t.grad);
+    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
+    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
+    for (int s = 0; s < kSamples; ++s) {
+      const size_t idx = pick(rng);
+      DenseBatch x = base;
+      (x.*(t.field))[idx] += kStep;
+      const double plus = loss_of(x, mask, kScale, dout_dense, sp.naive);
+      (x.*(t.field))[idx] -= 2 * kStep;
+      const double minus = loss_of(x, mask, kScale, dout_dense, sp.naive);
+      const double fd = (plus - minus) / (2 * kStep);
+      const int64_t r = static_cast<int64_t>(idx / (t.heads * kD));
+      const int h = static_cast<int>(idx / kD % t.heads);
+      const int d = static_cast<int>(idx % kD);
+      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
+          << t.name << " (" << r << "," << h << "," << d << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sinks, ReferenceSinkBackward, ::testing::ValuesIn(sink_cases(false)),
+                         [](const ::testing::TestParamInfo<SinkCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace jagflash::test

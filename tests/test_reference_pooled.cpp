@@ -52,6 +52,7 @@ struct PooledCase {
   std::string name;
   float softcap = 0.0f;  // > 0: JF_SCORE_MOD_SOFTCAP
   bool alibi = false;    // JF_SCORE_MOD_ALIBI with slopes_of(H)
+  bool sinks = false;    // learnable sinks sinks_of(H), and their gradient
 };
 
 // One ALiBi slope per query head, large enough to matter at these lengths.
@@ -61,8 +62,17 @@ std::vector<float> slopes_of(int H) {
   return slopes;
 }
 
-// The case's score modifier on a problem; the slopes must outlive it.
-void set_score_mod(jf_problem& p, const PooledCase& c, const std::vector<float>& slopes) {
+// One sink logit per query head, from below the scores to above them.
+std::vector<float> sinks_of(int H) {
+  std::vector<float> sinks(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) sinks[static_cast<size_t>(h)] = -2.0f + 1.5f * static_cast<float>(h);
+  return sinks;
+}
+
+// The case's score modifier and sinks on a problem; the slopes and the sinks must outlive it.
+void set_score_mod(jf_problem& p, const PooledCase& c, const std::vector<float>& slopes,
+                   const std::vector<float>& sinks) {
+  if (c.sinks) p.learnable_sink = sinks.data();
   if (c.softcap > 0.0f) {
     p.score_mod = JF_SCORE_MOD_SOFTCAP;
     p.softcap = c.softcap;
@@ -81,11 +91,15 @@ struct PooledCall {
   std::vector<int32_t> kv_offsets;
   HostTensor q, k, v, out, dout, dq, dk, dv;
   std::vector<float> lse;
-  std::vector<float> slopes;
+  std::vector<float> slopes, sinks, dsink;
   jf_fwd_args fwd{};
   jf_bwd_args bwd{};
 
-  explicit PooledCall(const PooledCase& pc, int out_pad = 8) : c(pc), slopes(slopes_of(pc.H)) {
+  explicit PooledCall(const PooledCase& pc, int out_pad = 8)
+      : c(pc),
+        slopes(slopes_of(pc.H)),
+        sinks(sinks_of(pc.H)),
+        dsink(static_cast<size_t>(pc.H), static_cast<float>(kSentinel)) {
     const int32_t B = static_cast<int32_t>(c.len_kv.size());
     kv_offsets = offsets_from_lengths(c.len_kv);
     const int64_t total_kv = kv_offsets.back(), rows = int64_t{B} * c.lq;
@@ -105,8 +119,9 @@ struct PooledCall {
     fwd = forward_args(
         make_problem(c.dtype, nullptr, kv_offsets, q, k, v, c.mask, c.window_left, c.window_right, c.lq), out,
         lse.data());
-    set_score_mod(fwd.problem, c, slopes);
+    set_score_mod(fwd.problem, c, slopes, sinks);
     bwd = backward_args(fwd.problem, out, dout, lse.data(), dq, dk, dv);
+    if (c.sinks) bwd.dlearnable_sink = dsink.data();
   }
 };
 
@@ -114,7 +129,7 @@ struct PooledCall {
 // backward reads the pooled call's out (as fp32) and lse, so pc's forward must have run.
 struct Repeated {
   HostTensor out, dq_rows, dk, dv;  // dq_rows [B*Lq, H, D]: one row per (sequence, query)
-  std::vector<float> lse;
+  std::vector<float> lse, dsink;
 };
 
 Repeated run_repeated(const PooledCall& pc) {
@@ -132,15 +147,19 @@ Repeated run_repeated(const PooledCall& pc) {
   for (int32_t b = 0; b <= B; ++b) q_offsets[static_cast<size_t>(b)] = b * c.lq;
   std::vector<int32_t> kv_offsets = pc.kv_offsets;
 
-  Repeated r{make_tensor(JF_FP32, rows, c.H, c.D), make_tensor(JF_FP32, rows, c.H, c.D),
-             make_tensor(JF_FP32, k.rows, c.H_kv, c.D), make_tensor(JF_FP32, k.rows, c.H_kv, c.D),
-             std::vector<float>(static_cast<size_t>(c.H * rows))};
+  Repeated r{make_tensor(JF_FP32, rows, c.H, c.D),
+             make_tensor(JF_FP32, rows, c.H, c.D),
+             make_tensor(JF_FP32, k.rows, c.H_kv, c.D),
+             make_tensor(JF_FP32, k.rows, c.H_kv, c.D),
+             std::vector<float>(static_cast<size_t>(c.H * rows)),
+             std::vector<float>(static_cast<size_t>(c.H))};
   jf_fwd_args fwd = forward_args(
       make_problem(JF_FP32, q_offsets.data(), kv_offsets, q_rep, k, v, c.mask, c.window_left, c.window_right),
       r.out, r.lse.data());
-  set_score_mod(fwd.problem, c, pc.slopes);
+  set_score_mod(fwd.problem, c, pc.slopes, pc.sinks);
   EXPECT_EQ(jagflash_fwd(&fwd), JF_OK) << jagflash_last_error();
-  const jf_bwd_args bwd = backward_args(fwd.problem, out, dout, lse.data(), r.dq_rows, r.dk, r.dv);
+  jf_bwd_args bwd = backward_args(fwd.problem, out, dout, lse.data(), r.dq_rows, r.dk, r.dv);
+  if (c.sinks) bwd.dlearnable_sink = r.dsink.data();
   EXPECT_EQ(jagflash_bwd(&bwd), JF_OK) << jagflash_last_error();
   return r;
 }
@@ -189,6 +208,10 @@ void check_pooled(const PooledCase& c) {
   EXPECT_EQ(call.lse, want.lse) << "lse: the same float64 values rounded to float";
   expect_rounded(call.dk, want.dk, "dk");
   expect_rounded(call.dv, want.dv, "dv");
+  // d sink: the same rows summed in the same order, from the same values.
+  if (c.sinks) {
+    EXPECT_EQ(call.dsink, want.dsink) << "d learnable_sink";
+  }
 
   // dq = the sum over the sequences of the repeated rows, in float64; the bound adds 2^-24 of
   // the sum of their magnitudes (each repeated row was rounded to fp32 once).
@@ -225,13 +248,15 @@ void check_pooled(const PooledCase& c) {
     }
   }
 
-  // Sequences of length 0: out = 0 and lse = -inf on all their rows.
+  // Sequences of length 0: out = 0 and lse = -inf (with sinks, the head's sink) on all their rows.
   for (int32_t b = 0; b < B; ++b) {
     if (c.len_kv[static_cast<size_t>(b)] != 0) continue;
     for (int i = 0; i < c.lq; ++i)
       for (int h = 0; h < c.H; ++h) {
         const int64_t row = int64_t{b} * c.lq + i;
-        ASSERT_EQ(call.lse[static_cast<size_t>(h * rows + row)], -kInf) << "lse of empty sequence " << b;
+        ASSERT_EQ(call.lse[static_cast<size_t>(h * rows + row)],
+                  c.sinks ? call.sinks[static_cast<size_t>(h)] : -kInf)
+            << "lse of empty sequence " << b;
         for (int d = 0; d < c.D; ++d)
           ASSERT_EQ(call.out.get(row, h, d), 0.0) << "out of empty sequence " << b;
       }
@@ -293,6 +318,19 @@ std::vector<PooledCase> pooled_cases() {
                        m.right, seed++, "", 0.0f, true};
       alibi.name = "alibi_lq" + std::to_string(lq) + "_" + m.name + "_" + dtype_name(alibi.dtype);
       cases.push_back(alibi);
+    }
+  // Learnable sinks, alone and with a softcap, under a mask and a window.
+  for (int lq : {1, 16, 64})
+    for (const MaskCase& m : {kMasks[0], kMasks[1], kMasks[2]}) {
+      PooledCase sink{lq,     kLenKv,  4,      2,  64,   dtypes[n++ % 3], m.mask,
+                      m.left, m.right, seed++, "", 0.0f, false,           true};
+      sink.name = "sinks_lq" + std::to_string(lq) + "_" + m.name + "_" + dtype_name(sink.dtype);
+      cases.push_back(sink);
+      PooledCase capped = sink;
+      capped.softcap = 2.0f;
+      capped.seed = seed++;
+      capped.name = "sinks_softcap_lq" + std::to_string(lq) + "_" + m.name + "_" + dtype_name(sink.dtype);
+      cases.push_back(capped);
     }
   // One sequence; only empty sequences.
   cases.push_back({64, {97}, 4, 2, 64, JF_BF16, JF_MASK_NONE, -1, -1, seed++, "one_sequence"});

@@ -81,6 +81,8 @@ std::vector<Case> problem_cases() {
   static std::vector<int32_t> wrong_total = {0, 3, 3, 9};
   static std::vector<float> alibi_slopes(4, 0.25f);
   static std::vector<float> nan_slopes = {0.25f, 0.5f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  static std::vector<float> inf_sinks = {0.25f, std::numeric_limits<float>::infinity(), 0.5f, 1.0f};
+  static std::vector<float> sinks(5, 0.5f);
   static std::vector<float> inf_table = [] {
     std::vector<float> table(4 * 3, 0.5f);
     table[1 * 3 + 2] = -std::numeric_limits<float>::infinity();
@@ -187,6 +189,16 @@ std::vector<Case> problem_cases() {
        }),
        JF_ERR_INVALID_ARGUMENT,
        {"problem.alibi_slopes[2]: expected a finite number, got nan"}},
+      {"values: learnable sink infinite (read on the CPU)",
+       p([](jf_problem& q) { q.learnable_sink = inf_sinks.data(); }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.learnable_sink[1]: expected a finite number, got inf"}},
+      {"learnable sink misaligned",
+       p([](jf_problem& q) {
+         q.learnable_sink = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sinks.data()) + 2);
+       }),
+       JF_ERR_INVALID_ARGUMENT,
+       {"problem.learnable_sink", "4-byte alignment"}},
       {"values: score_mod_table entry infinite (read on the CPU)",
        p([](jf_problem& q) {
          q.score_mod = JF_SCORE_MOD_RELATIVE_BIAS;
@@ -481,6 +493,43 @@ TEST(Validation, OutputArgumentErrors) {
        {"dq", "disjoint", "problem.kv_offsets"}},
   };
   for (const Case& c : bwd_cases) {
+    Call call;
+    c.break_it(call);
+    expect_error(jagflash_bwd(&call.bwd), c, call);
+  }
+}
+
+// The sinks' gradient: asked for only with sinks, aligned, and no output or input beneath it.
+TEST(Validation, SinkGradientArgument) {
+  static std::vector<float> sinks(4, 0.5f), dsinks(5, 0.f);
+  const std::vector<Case> cases = {
+      {"dlearnable_sink without sinks",
+       [](Call& c) { c.bwd.dlearnable_sink = dsinks.data(); },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dlearnable_sink", "NULL without problem.learnable_sink"}},
+      {"dlearnable_sink misaligned",
+       [](Call& c) {
+         c.bwd.problem.learnable_sink = sinks.data();
+         c.bwd.dlearnable_sink = reinterpret_cast<float*>(reinterpret_cast<char*>(dsinks.data()) + 1);
+       },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dlearnable_sink", "4-byte alignment"}},
+      {"dlearnable_sink over the sinks",
+       [](Call& c) {
+         c.bwd.problem.learnable_sink = sinks.data();
+         c.bwd.dlearnable_sink = sinks.data();
+       },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dlearnable_sink", "memory disjoint from the input problem.learnable_sink"}},
+      {"dlearnable_sink over lse",
+       [](Call& c) {
+         c.bwd.problem.learnable_sink = sinks.data();
+         c.bwd.dlearnable_sink = const_cast<float*>(c.bwd.lse);
+       },
+       JF_ERR_INVALID_ARGUMENT,
+       {"dlearnable_sink", "memory disjoint from the input lse"}},
+  };
+  for (const Case& c : cases) {
     Call call;
     c.break_it(call);
     expect_error(jagflash_bwd(&call.bwd), c, call);

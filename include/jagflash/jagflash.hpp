@@ -120,6 +120,11 @@ inline void set_pooled(jf_problem& p, int32_t lq) {
   p.q_offsets = nullptr;
 }
 
+// Learnable attention sinks (jf_problem.learnable_sink): one fp32 logit per query head [H], in
+// the memory q lives in, read during the call only. A backward call may ask for their gradient
+// in jf_bwd_args.dlearnable_sink ([H] fp32, overwritten).
+inline void set_learnable_sink(jf_problem& p, const float* sink) { p.learnable_sink = sink; }
+
 inline size_t forward_workspace_size(const jf_fwd_args& args) {
   size_t bytes = 0;
   throw_if_error(jagflash_fwd_workspace_size(&args, &bytes));

@@ -3,6 +3,7 @@
 #include "api/device_error.hpp"
 #include "api/error.hpp"
 #include "api/offsets_check_device.hpp"
+#include "api/sink_gradient_device.hpp"
 #include "api/validate.hpp"
 #include "api/workspace.hpp"
 #include "core/bench_knobs.hpp"
@@ -369,9 +370,21 @@ void run_backward(const jf_bwd_args& a) {
       JF_CUDA_CHECK(schedule::fill_uniform_offsets(pooled_offsets, p.batch_size, p.pooled_q_rows, stream));
     }
     JF_CUDA_CHECK(hopper->run(hopper_view(a, pooled_offsets), launch, stream));
-    return;
+  } else {
+    JF_CUDA_CHECK(entry->backward(a, oracle::Workspace{flag, delta}, stream));
   }
-  JF_CUDA_CHECK(entry->backward(a, oracle::Workspace{flag, delta}, stream));
+  if (a.dlearnable_sink != nullptr) {
+    // Both backwards leave each row's delta in the workspace: the Hopper one in rows of q_stride.
+    const SinkGradientArgs sink{flag,
+                                a.lse,
+                                delta,
+                                hopper != nullptr ? layout.q_stride : output_rows(p),
+                                output_rows(p),
+                                p.q.heads,
+                                p.learnable_sink,
+                                a.dlearnable_sink};
+    JF_CUDA_CHECK(launch_sink_gradient(sink, stream));
+  }
 }
 
 void read_device_error(const void* workspace, void* stream) {

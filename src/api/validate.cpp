@@ -366,6 +366,8 @@ void check_problem(const jf_problem& p, bool ask_location) {
     fail_argument("problem.scale", "a finite number (0 = 1/sqrt(head_dim))", p.scale);
   check_score_mod(p, ask_location);
   check_block_mask(p, ask_location);
+  check_aligned("problem.learnable_sink", p.learnable_sink, alignof(float), "float32");
+  check_pointer_location("problem.learnable_sink", p.learnable_sink, p.device, ask_location);
   check_pointer_location("problem.q_offsets", p.q_offsets, p.device, ask_location);
   check_pointer_location("problem.kv_offsets", p.kv_offsets, p.device, ask_location);
 }
@@ -446,6 +448,9 @@ void check_offsets(const jf_problem& p, const jf_launch& l) {
 // queries.
 void check_score_mod_values(const jf_problem& p) {
   if (p.device != JF_DEVICE_CPU) return;
+  // A sink of +inf would make every row's output 0 with no error; -inf is no sink, NaN is NaN.
+  if (p.learnable_sink != nullptr)
+    check_finite_host_values("problem.learnable_sink", p.learnable_sink, p.q.heads, 1);
   ScoreModTypes::visit(p.score_mod, [&](auto mod) {
     using Mod = decltype(mod);
     if ((Mod::kFields & kAlibiSlopesField) != 0)
@@ -524,6 +529,7 @@ NamedRanges problem_inputs(const jf_problem& p) {
           {"problem.kv_offsets", offsets_range(p.kv_offsets, p.batch_size)},
           {"problem.alibi_slopes", lse_range(p.alibi_slopes, p.q.heads, 1)},
           {"problem.score_mod_table", lse_range(p.score_mod_table, p.q.heads, p.score_mod_table_width)},
+          {"problem.learnable_sink", lse_range(p.learnable_sink, p.q.heads, 1)},
           {"problem.block_mask.offsets", offsets_range(p.block_mask.offsets, p.batch_size)},
           {"problem.block_mask.blocks", block_mask_range(p.block_mask)}};
 }
@@ -531,7 +537,8 @@ NamedRanges backward_outputs(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
   return {{"dq", byte_range(a.dq, p.dtype)},
           {"dk", byte_range(a.dk, p.dtype)},
-          {"dv", byte_range(a.dv, p.dtype)}};
+          {"dv", byte_range(a.dv, p.dtype)},
+          {"dlearnable_sink", lse_range(a.dlearnable_sink, p.q.heads, 1)}};
 }
 NamedRanges backward_inputs(const jf_bwd_args& a) {
   const jf_problem& p = a.problem;
@@ -708,6 +715,12 @@ void validate_backward_shapes(const jf_bwd_args& a) {
         "NULL");
   check_aligned("lse", a.lse, alignof(float), "float32");
   check_pointer_location("lse", a.lse, p.device, ask);
+  if (a.dlearnable_sink != nullptr && p.learnable_sink == nullptr)
+    fail_argument("dlearnable_sink",
+                  "NULL without problem.learnable_sink (there is no sink to differentiate)",
+                  static_cast<const void*>(a.dlearnable_sink));
+  check_aligned("dlearnable_sink", a.dlearnable_sink, alignof(float), "float32");
+  check_pointer_location("dlearnable_sink", a.dlearnable_sink, p.device, ask);
   check_no_overlap(backward_outputs(a), backward_inputs(a));
 }
 

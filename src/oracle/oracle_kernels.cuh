@@ -57,6 +57,7 @@ struct JaggedGeometry {
   // is the scaled score s in natural units, the modifier's input).
   float dot_scale;
   const int32_t* error_flag;
+  const float* learnable_sink;  // [H] (natural units) or null
 };
 
 inline JaggedGeometry geometry(const jf_problem& p, const Workspace& ws) {
@@ -75,6 +76,7 @@ inline JaggedGeometry geometry(const jf_problem& p, const Workspace& ws) {
   g.scale = p.scale != 0.f ? p.scale : 1.f / std::sqrt(static_cast<float>(p.q.head_dim));
   g.dot_scale = g.mod.is_none() ? g.scale * kLog2e : g.scale;
   g.error_flag = ws.error_flag;
+  g.learnable_sink = p.learnable_sink;
   return g;
 }
 
@@ -242,8 +244,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       acc.scale_add(correction, p, v.at(kv_start + j, kv_head), lane);
       m_i = m_new;
     }
+    float out_scale = l_i > 0.f ? 1.f / l_i : 0.f;
+    if (g.learnable_sink != nullptr) {  // one more term of the sum, with no value
+      const float sink = g.learnable_sink[head] * kLog2e;
+      const float m_new = fmaxf(m_i, sink);
+      const float correction = exp2f(m_i - m_new);  // 0 when no key was seen (m_i = -inf)
+      l_i = l_i * correction + exp2f(sink - m_new);
+      out_scale = correction / l_i;
+      m_i = m_new;
+    }
     const bool any = l_i > 0.f;
-    acc.store(out.at(row, head), lane, any ? 1.f / l_i : 0.f);
+    acc.store(out.at(row, head), lane, out_scale);
     if (lse != nullptr && lane == 0)
       lse[int64_t(head) * g.total_q + row] = any ? (m_i + log2f(l_i)) * kLn2 : -INFINITY;
   }

@@ -197,18 +197,19 @@ double modified_score(const double* q_row, const std::vector<double>& k_f64, int
 }
 
 // Fills p[j] for every key j of `keys` (segments, Visibility) with the softmax probabilities of
-// query row q_row over those keys and returns lse. `keys` must hold at least one key.
+// query row q_row over those keys and the sink logit (-inf: none; it takes a share of the
+// denominator and gives no value) and returns lse. `keys` must hold at least one key.
 double row_softmax(const double* q_row, const std::vector<double>& k_f64, const std::vector<IndexRange>& keys,
-                   int64_t d_count, double scale, const ScoreMod& mod, const ScoreCoords& at,
+                   int64_t d_count, double scale, const ScoreMod& mod, const ScoreCoords& at, double sink,
                    std::vector<double>& p) {
-  double m_i = -std::numeric_limits<double>::infinity();
+  double m_i = sink;
   for (const IndexRange& seg : keys)
     for (int64_t j = seg.lo; j <= seg.hi; ++j) {
       const double s = modified_score(q_row, k_f64, j, d_count, scale, mod, at);
       p[static_cast<size_t>(j)] = s;
       m_i = std::max(m_i, s);
     }
-  double l_i = 0.0;
+  double l_i = std::exp(sink - m_i);  // 0 without a sink (-inf)
   for (const IndexRange& seg : keys)
     for (int64_t j = seg.lo; j <= seg.hi; ++j) {
       p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - m_i);
@@ -217,6 +218,12 @@ double row_softmax(const double* q_row, const std::vector<double>& k_f64, const 
   for (const IndexRange& seg : keys)
     for (int64_t j = seg.lo; j <= seg.hi; ++j) p[static_cast<size_t>(j)] /= l_i;
   return m_i + std::log(l_i);
+}
+
+// Query head h's sink logit (jf_problem::learnable_sink), -inf (no sink) without them.
+double sink_of(const jf_problem& problem, int32_t h) {
+  return problem.learnable_sink != nullptr ? static_cast<double>(problem.learnable_sink[h])
+                                           : -std::numeric_limits<double>::infinity();
 }
 
 template <typename T>
@@ -239,10 +246,10 @@ void forward_task(const jf_fwd_args& args, const Task& task) {
     o_f64.assign(static_cast<size_t>(s.lq * dv_count), 0.0);
     for (int64_t i = 0; i < s.lq; ++i) {
       visibility.segments(task.batch, i, s.lq, s.lk, keys);
-      double lse = -std::numeric_limits<double>::infinity();
+      double lse = sink_of(problem, h);  // a row that sees no key: out = 0, lse = the sink (or -inf)
       if (!keys.empty()) {
         lse = row_softmax(q_f64.data() + i * d_count, k_f64, keys, d_count, scale, mod, {h, i, 0, s.lq, s.lk},
-                          p);
+                          sink_of(problem, h), p);
         double* o_row = o_f64.data() + i * dv_count;
         for (const IndexRange& seg : keys)
           for (int64_t j = seg.lo; j <= seg.hi; ++j) {
@@ -387,6 +394,24 @@ void pooled_dq_task(const jf_bwd_args& args, int32_t h) {
   store_head<T>(args.dq, 0, lq, h, dq_f64);
 }
 
+// d loss / d s_h of query head h: the sink's share exp(s_h - lse_i) of each row's softmax times
+// the row's -delta_i = -rowsum(dout_i * out_i), summed over every output row in order.
+template <typename T>
+void sink_gradient_task(const jf_bwd_args& args, int32_t h) {
+  const jf_problem& problem = args.problem;
+  const int64_t rows = output_rows(problem), dv_count = problem.v.head_dim;
+  const double sink = sink_of(problem, h);
+  std::vector<double> o_f64, do_f64;
+  load_head<T>(args.out, 0, rows, h, o_f64);
+  load_head<T>(args.dout, 0, rows, h, do_f64);
+  double dsink = 0.0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const double delta_i = dot(do_f64.data() + i * dv_count, o_f64.data() + i * dv_count, dv_count);
+    dsink -= std::exp(sink - static_cast<double>(args.lse[h * rows + i])) * delta_i;
+  }
+  args.dlearnable_sink[h] = static_cast<float>(dsink);
+}
+
 }  // namespace
 
 void forward(const jf_fwd_args& args) {
@@ -409,6 +434,8 @@ void backward(const jf_bwd_args& args) {
       parallel_for(static_cast<size_t>(args.problem.q.heads), work,
                    [&](size_t h) { pooled_dq_task<T>(args, static_cast<int32_t>(h)); });
     }
+    if (args.dlearnable_sink != nullptr)
+      for (int32_t h = 0; h < args.problem.q.heads; ++h) sink_gradient_task<T>(args, h);
   });
 }
 

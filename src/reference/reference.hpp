@@ -12,7 +12,7 @@ namespace jagflash::reference {
 // ALiBi; core/score_mod.hpp) applies to the scaled scores in both directions; alibi_slopes is
 // host memory.
 // forward: out (input dtype) and lse (if non-null); a row with no visible key gets out = 0 and
-// lse = -inf.
+// lse = -inf, or its head's sink with problem.learnable_sink (which joins every row's softmax).
 void forward(const jf_fwd_args& args);
 
 // backward: dq, dk, dv (input dtype), in float64 from q, k, v, args.dout and the forward's
@@ -23,7 +23,8 @@ void forward(const jf_fwd_args& args);
 // dk/dv sum over the query heads of each group. Rows that see no key, or whose lse is -inf, have
 // zero gradients; keys no query sees get dk = dv = 0. Pooled (problem.pooled_q_rows > 0): out, dout
 // and lse rows are sequence b's at b * Lq; dq [Lq, H, D] is the sum of every sequence's
-// contribution, added in sequence order in float64 and rounded once.
+// contribution, added in sequence order in float64 and rounded once. With dlearnable_sink, each
+// head's sink gradient -sum_i exp(s_h - lse_i) * rowsum(dout_i * out_i), over its rows in order.
 void backward(const jf_bwd_args& args);
 
 }  // namespace jagflash::reference

@@ -97,6 +97,7 @@ jf_problem GpuBatch::problem() const {
   p.score_mod = spec.score_mod;
   p.softcap = spec.softcap;
   p.alibi_slopes = spec.alibi_slopes.empty() ? nullptr : d_alibi_slopes.as<float>();
+  p.learnable_sink = spec.learnable_sink.empty() ? nullptr : d_sink.as<float>();
   if (spec.block_mask) {
     p.block_mask.blocks = d_blocks.as<uint8_t>();
     p.block_mask.offsets = d_block_offsets.as<int32_t>();
@@ -126,6 +127,7 @@ jf_bwd_args GpuBatch::backward_args(jf_backend backend) const {
   a.dq = dq_view;
   a.dk = dk_view;
   a.dv = dv_view;
+  a.dlearnable_sink = spec.learnable_sink.empty() ? nullptr : d_dsink.as<float>();
   a.launch.workspace = workspace.get();
   a.launch.workspace_bytes = workspace.bytes();
   a.launch.backend = backend;
@@ -171,6 +173,10 @@ GpuBatch make_gpu_batch(const BatchSpec& spec_in) {
   g.d_q_offsets = DeviceBuffer::from_host(g.q_offsets);
   g.d_kv_offsets = DeviceBuffer::from_host(g.kv_offsets);
   if (!s.alibi_slopes.empty()) g.d_alibi_slopes = DeviceBuffer::from_host(s.alibi_slopes);
+  if (!s.learnable_sink.empty()) {
+    g.d_sink = DeviceBuffer::from_host(s.learnable_sink);
+    g.d_dsink = DeviceBuffer(s.learnable_sink.size() * sizeof(float));
+  }
   if (s.block_mask) {
     // At least one byte: a map of no bytes (every sequence empty) still needs a non-null pointer.
     std::vector<uint8_t> bytes = s.blocks;
@@ -227,6 +233,7 @@ void poison_outputs(GpuBatch& g) {
   fill_buffer(g.dk.get(), g.dk.bytes() / dtype_size(dt), dt, nan);
   fill_buffer(g.dv.get(), g.dv.bytes() / dtype_size(dt), dt, nan);
   fill_buffer(g.lse.get(), g.lse.bytes() / sizeof(float), JF_FP32, nan);
+  if (g.d_dsink.bytes() > 0) fill_buffer(g.d_dsink.get(), g.d_dsink.bytes() / sizeof(float), JF_FP32, nan);
   cuda_check(cudaDeviceSynchronize(), "poison_outputs");
 }
 
@@ -253,6 +260,7 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
   fa.problem.score_mod = s.score_mod;
   fa.problem.softcap = s.softcap;
   fa.problem.alibi_slopes = s.alibi_slopes.empty() ? nullptr : s.alibi_slopes.data();
+  fa.problem.learnable_sink = s.learnable_sink.empty() ? nullptr : s.learnable_sink.data();
   // The sampled sequences' maps, back to back (the map of sequence b is its own, whatever its place).
   std::vector<uint8_t> sample_blocks(1, 0);  // at least one byte: a non-null pointer
   std::vector<int32_t> sample_block_offsets(1, 0);
@@ -302,11 +310,28 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
   ba.dq = ref_dq.view();
   ba.dk = ref_dk.view();
   ba.dv = ref_dv.view();
+  // d sink sums over every row of the batch: comparable only when the sample is the whole batch.
+  const bool whole_batch = seqs.size() + 1 == g.q_offsets.size();
+  std::vector<float> ref_dsink(s.learnable_sink.size());
+  if (!s.learnable_sink.empty() && whole_batch) ba.dlearnable_sink = ref_dsink.data();
   check_status(jagflash_bwd(&ba), "reference backward");
+  if (ba.dlearnable_sink != nullptr) {
+    std::vector<float> gpu_dsink(ref_dsink.size());
+    g.d_dsink.to_host(gpu_dsink.data());
+    double diff = 0, scale = 0;
+    for (size_t h = 0; h < ref_dsink.size(); ++h) {
+      diff = std::max(diff, std::abs(double(gpu_dsink[h]) - ref_dsink[h]));
+      if (std::isnan(gpu_dsink[h])) diff = NAN;
+      scale = std::max(scale, std::abs(double(ref_dsink[h])));
+    }
+    c.dsink_rel = diff / std::max(scale, 1e-30);
+  }
   c.dq_rel = test::rel_error(download_rows(g.dq.get(), g.dq_view, s.dtype, g.q_offsets, seqs), ref_dq);
   c.dk_rel = test::rel_error(download_rows(g.dk.get(), g.dk_view, s.dtype, g.kv_offsets, seqs), ref_dk);
   c.dv_rel = test::rel_error(download_rows(g.dv.get(), g.dv_view, s.dtype, g.kv_offsets, seqs), ref_dv);
-  if (!std::isfinite(c.dq_rel) || !std::isfinite(c.dk_rel) || !std::isfinite(c.dv_rel)) c.finite = false;
+  if (!std::isfinite(c.dq_rel) || !std::isfinite(c.dk_rel) || !std::isfinite(c.dv_rel) ||
+      !std::isfinite(c.dsink_rel))
+    c.finite = false;
   return c;
 }
 

@@ -33,6 +33,9 @@ struct BatchSpec {
   jf_score_mod score_mod = JF_SCORE_MOD_NONE;
   float softcap = 0.f;
   std::vector<float> alibi_slopes;
+  // Learnable sinks (jf_problem::learnable_sink), one logit a query head, when not empty (copied
+  // to the device by make_gpu_batch); the backward then returns their gradient in d_dsink.
+  std::vector<float> learnable_sink;
   // A block-sparse map (jf_block_mask) when block_mask is set: block_offsets [B+1] and the maps'
   // bytes (copied to the device by make_gpu_batch).
   bool block_mask = false;
@@ -46,6 +49,7 @@ struct GpuBatch {
   DeviceBuffer d_q_offsets, d_kv_offsets;
   DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv, workspace;
   DeviceBuffer d_alibi_slopes;             // spec.alibi_slopes on the device (empty without ALiBi)
+  DeviceBuffer d_sink, d_dsink;            // spec.learnable_sink and its gradient (empty without sinks)
   DeviceBuffer d_blocks, d_block_offsets;  // spec's block mask on the device (empty without one)
   jf_tensor q_view{}, k_view{}, v_view{}, out_view{}, dout_view{}, dq_view{}, dk_view{}, dv_view{};
 
@@ -67,6 +71,9 @@ void poison_outputs(GpuBatch& batch);
 
 struct SampleCheck {
   double out_rel = 0, lse_max_abs = 0, dq_rel = 0, dk_rel = 0, dv_rel = 0;
+  // With sinks and a sample of every sequence: the largest |d sink - reference| over the heads,
+  // relative to the largest |reference d sink| (else 0).
+  double dsink_rel = 0;
   bool lse_inf_match = true;  // -inf exactly where the reference has -inf
   bool finite = true;         // no NaN left (an unwritten output) in the sampled rows
 };

@@ -1,6 +1,6 @@
 // Forward epilogue: O normalised by the softmax sum, converted, and stored for the rows inside
 // the sequence only (the rows after its end belong to the next sequence and are never touched);
-// lse per row, -inf and O = 0 for rows that see no key.
+// lse per row, -inf and O = 0 for rows that see no key; a learnable sink joins each row's sum.
 #pragma once
 
 #include "kernels/fwd/barrier_ids_fwd.hpp"
@@ -48,15 +48,30 @@ __device__ __forceinline__ void store_tile(const Params<Traits>& p, SharedStorag
       warpgroup_barrier(0) - static_cast<int>(cutlass::arch::NamedBarrier::ReservedNamedBarrierCount);
   const uint32_t barrier = kFirstBarrier + pair * Traits::kConsumerWarpgroups + warpgroup;
 
+  // The sink is one more term of the row's sum, exp(sink - max) with no value: it rescales O and
+  // moves lse. Taken on a common max so that a sink far above the scores does not overflow.
+  const float sink = p.learnable_sink != nullptr ? p.learnable_sink[t.head] : -INFINITY;
   float inv_l[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float l = Softmax::quad_sum(softmax.row_sum[r]);
+    const float row_max = softmax.row_max[r] * p.scale;  // natural units, as lse
+    float lse = l > 0.f ? row_max + logf(l) : -INFINITY;
     inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+    if (p.learnable_sink != nullptr) {
+      if (l > 0.f) {
+        const float max = fmaxf(row_max, sink);
+        const float keep = expf(row_max - max);
+        const float sum = l * keep + expf(sink - max);
+        inv_l[r] = keep / sum;
+        lse = max + logf(sum);
+      } else {
+        lse = sink;  // no visible key: O = 0, the sink alone in the sum
+      }
+    }
     const int32_t i = t.m_block * Traits::kBlockM + coords.row(r);
     if (p.lse != nullptr && thread % 4 == 0 && i < t.len_q)
-      p.lse[int64_t(t.head) * p.total_q + t.q_start + i] =
-          l > 0.f ? softmax.row_max[r] * p.scale + logf(l) : -INFINITY;
+      p.lse[int64_t(t.head) * p.total_q + t.q_start + i] = lse;
   }
 #pragma unroll
   for (int round = 0; round < kRounds; ++round) {

@@ -105,6 +105,7 @@ cudaError_t run_forward_variant(const jf_fwd_args& a, const HopperForwardLaunch&
   p.out_row_stride = a.out.row_stride;
   p.out_head_stride = a.out.head_stride;
   p.lse = a.lse;
+  p.learnable_sink = pb.learnable_sink;
   p.q_offsets = pb.q_offsets;
   p.kv_offsets = pb.kv_offsets;
   p.mask = mask;

@@ -190,6 +190,8 @@ struct Params {
   schedule::HeadOrder head_order;
   // OnlineSoftmax's keep_max (log2 units; < 0: the running max always moves, O always rescaled).
   float keep_max;
+  // [H] fp32 or null (jf_problem::learnable_sink): folded into each row's sum by the epilogue.
+  const float* learnable_sink;
 };
 
 }  // namespace jagflash::kernels::fwd
