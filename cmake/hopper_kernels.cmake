@@ -12,7 +12,8 @@
 #  - A block map at 64 and 128 only.
 #  - The backward at 128 without a relative bias: its per-score table reads leave the consumers
 #    short of registers (ptxas spills, check_sass refuses them), so the oracle serves that call.
-#  - The backward at 256 (the wide kernel, mainloop_bwd_wide.cuh) without a modifier or a map.
+#  - The backward at 256 (the wide kernel, mainloop_bwd_wide.cuh) with softcap and ALiBi; not with a
+#    relative bias (its table reads spill inside the GEMM loop: check_sass refuses it) nor a map.
 # Row: "<direction> <head dim> <variant>;<variant>...", variants in the order of
 # JAGFLASH_HOPPER_VARIANTS (the generated files' and tables' order).
 set(JAGFLASH_HOPPER_VARIANTS none softcap alibi relative_bias padded sparse)
@@ -26,7 +27,7 @@ set(JAGFLASH_HOPPER_KERNELS
   "bwd 96 none,padded"
   "bwd 128 none,softcap,alibi,padded,sparse"
   "bwd 192 none,padded"
-  "bwd 256 none,padded")
+  "bwd 256 none,softcap,alibi,padded")
 
 # Sets `out` to TRUE when the table has `variant` for (direction, head dim).
 function(jagflash_hopper_kernel_exists out direction head_dim variant)

@@ -4,6 +4,7 @@
 // has host pointers, which validation sends to the CPU reference or rejects before dispatch
 // reaches any of these entry points, so reaching one is a failure of its own.
 #include "api/offsets_check_device.hpp"
+#include "api/sink_gradient_device.hpp"
 #include "kernels/hopper_backward.hpp"
 #include "kernels/hopper_forward.hpp"
 #include "oracle/oracle.hpp"
@@ -32,6 +33,9 @@ cudaError_t launch_offsets_check(const int32_t*, const int32_t*, const int32_t*,
 cudaError_t portable_image(cudaFuncAttributes*) { gpu_path_reached("portable_image"); }
 int32_t take_latched_offsets_error(int) { gpu_path_reached("take_latched_offsets_error"); }
 void clear_latched_offsets_error(int, int32_t) { gpu_path_reached("clear_latched_offsets_error"); }
+cudaError_t launch_sink_gradient(const SinkGradientArgs&, cudaStream_t) {
+  gpu_path_reached("launch_sink_gradient");
+}
 }  // namespace jagflash::detail
 
 namespace jagflash::kernels {
