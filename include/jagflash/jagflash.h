@@ -192,6 +192,14 @@ typedef struct jf_problem {
   /* The table of a modifier that reads one (jf_score_mod above); else NULL and 0. */
   const float* score_mod_table; /* fp32 [H][score_mod_table_width], rows contiguous */
   int32_t score_mod_table_width;
+  /* Learnable attention sinks (gpt-oss; FlashAttention-4's learnable_sink): NULL, or fp32 [H], one
+   * logit s_h per query head that joins every row's softmax denominator without a value:
+   * out_i = sum_j exp(x_ij - m_i) v_j / (exp(s_h - m_i) + sum_j exp(x_ij - m_i)), m_i the max over
+   * s_h and the row's visible scores x_ij (after scale and any score modifier; the sink itself is
+   * not modified), and lse_i = log(exp(s_h) + sum_j exp(x_ij)). A row that sees no key gets out = 0
+   * and lse = s_h. Any mask, modifier, block map, GQA and pooled attention. The backward reads the
+   * same sinks and returns their gradient in jf_bwd_args.dlearnable_sink. */
+  const float* learnable_sink;
 } jf_problem;
 
 typedef struct jf_launch {
@@ -239,6 +247,10 @@ typedef struct jf_bwd_args {
   jf_tensor dq;     /* [total_q, H, D] */
   jf_tensor dk;     /* [total_kv, H_kv, D]; with GQA the sum over the group's heads */
   jf_tensor dv;     /* [total_kv, H_kv, Dv], likewise */
+  /* With problem.learnable_sink: NULL, or fp32 [H], overwritten with d loss / d s_h (the sum over
+   * the head's rows of -exp(s_h - lse_i) * rowsum(dout_i * out_i)); summed in a fixed order, so
+   * bitwise repeatable in either mode. Must be NULL without sinks. */
+  float* dlearnable_sink;
   jf_launch launch;
 } jf_bwd_args;
 
