@@ -264,7 +264,7 @@ def test_cuda_a_v_head_dim_of_its_own_runs_on_the_hopper_kernels(dims):
         out, lse = entries["forward"]["op fwd"]()
         assert out.shape == (12, 4, dims[1])
         assert entries["forward"]["jagged_attention"]().shape == (12, 4, dims[1])
-        dq, dk, dv = entries["backward"]["op bwd"]()
+        dq, dk, dv, _ = entries["backward"]["op bwd"]()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
@@ -292,9 +292,9 @@ def test_cuda_backward_past_128_runs_on_the_hopper_kernels(d):
         entries = _entries(q, k, v, off)
         out, lse = entries["forward"]["op fwd"]()
         assert out.shape == (12, 4, d)
-        dq, dk, dv = entries["backward"]["op bwd"]()
+        dq, dk, dv, _ = entries["backward"]["op bwd"]()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
-        dq, dk, dv = entries["backward"]["pooled_bwd"]()
+        dq, dk, dv, _ = entries["backward"]["pooled_bwd"]()
         assert dq.shape == (3, 4, d) and dk.shape == k.shape and dv.shape == v.shape
 
 
