@@ -92,7 +92,7 @@ SINK_GRAD = "learnable_sink_grad"
 def backward_op_args(forward_args: tuple, out: Tensor, lse: Tensor, dout: Tensor,
                      learnable_sink_grad: bool = False) -> tuple:
     """A backward op's arguments from its forward op's (the binding's backward ops take the same
-    layout)."""
+    layout, with where the sinks' gradient goes, a tensor or None, for learnable_sink_grad)."""
     return (dout, *forward_args[:_OUT_LSE_AT], out, lse, *forward_args[_OUT_LSE_AT:], learnable_sink_grad)
 
 

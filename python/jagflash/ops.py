@@ -4,8 +4,8 @@ kernels (shapes only, for torch.compile and meta tensors) and the autograd formu
 The ops take the fields of one Problem flat (torch.library custom ops take tensors and scalars
 only); _problem.py lays them out (argument order, schemas, the pooled subset, the backward ops'
 dout, out and lse), so a new argument is a field there and nothing here. The ops take int32
-offsets on the tensors' device, plain scalars, the score modifier and the block-sparse map (the
-pooled ops: no q_offsets and no map). They return fresh contiguous tensors. They read no tensor
+offsets on the tensors' device, plain scalars, the score modifier, the block-sparse map and the
+learnable sinks (the pooled ops: no q_offsets and no map). They return fresh contiguous tensors. They read no tensor
 value on the host, so a compiled graph holds them with no break and no sync of its own; "auto"
 offsets checking is decided when the op runs, so a CUDA-graph capture gets the device check.
 The backward ops return dq, dk, dv and the sinks' gradient (dlearnable_sink: float32 [H] when
