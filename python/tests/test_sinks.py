@@ -11,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import jagflash
-from jagflash import ops
+from jagflash import _launch, ops
 from conftest import (LSE_TOLERANCE, MASKS, MODIFIER_CUDA_KV_LENGTHS, MODIFIER_CUDA_Q_LENGTHS, TOLERANCES,
                       assert_close, assert_same, make_batch, modifier_batch, needs_cuda, offsets_of,
                       skip_unless_hopper_serves, visible)
@@ -180,14 +180,23 @@ def test_the_sinks_gradient_comes_in_their_dtype_and_they_are_not_written(dtype)
     assert_close("dsink", s.grad, want, TOLERANCES[dtype][1], batch.seed)
 
 
-def test_a_sink_without_grad_gets_none_and_changes_no_other_gradient():
+def test_a_sink_without_grad_gets_none_and_changes_no_other_gradient(monkeypatch):
+    """Its gradient is not even asked of the C library (dlearnable_sink NULL)."""
+    asked = []
+    backward = _launch.backward
+
+    def spy(problem, out, lse, dout, learnable_sink_grad=False):
+        asked.append(learnable_sink_grad)
+        return backward(problem, out, lse, dout, learnable_sink_grad)
+
+    monkeypatch.setattr(_launch, "backward", spy)
     batch = modifier_batch(5080)
     sink = _sinks(4, 5081)
     with_grad = _run(batch, sink, causal=True)
     q, k, v = batch.leaves()
     out = jagflash.jagged_attention(q, k, v, batch.q_offsets, batch.kv_offsets, causal=True, learnable_sink=sink)
     out.backward(batch.dout)
-    assert sink.grad is None
+    assert sink.grad is None and asked == [True, False]
     for got, expected in zip((out, q.grad, k.grad, v.grad), with_grad[:1] + with_grad[2:5]):
         assert_same(got, expected)
 
@@ -389,8 +398,8 @@ def test_fake_kernels_check_and_shape_the_sinks():
         pooled = torch.ops.jagflash.pooled_bwd(out[:6], q[:3], k, v, out[:6], lse[:, :6], off, *scalars,
                                                learnable_sink=sink)
         assert pooled[3].shape == (0,)
-        with pytest.raises(jagflash.InvalidArgumentError, match=r"^learnable_sink: expected .*\(4,\).*got torch.float32 "
-                                                                r"\(2,\)"):
+        with pytest.raises(jagflash.InvalidArgumentError,
+                           match=r"^learnable_sink: expected .*\(4,\).*got torch.float32 \(2,\)"):
             torch.ops.jagflash.fwd(q, k, v, off, off, *scalars, learnable_sink=torch.empty(2))
 
 
