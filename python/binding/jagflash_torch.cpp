@@ -291,6 +291,32 @@ void set_block_mask(jf_problem& p, const Tensor& q, int64_t batch_entries, const
   p.block_mask.bytes = kept.blocks.numel();
 }
 
+// The learnable sinks (jf_problem.learnable_sink): none, or float32 [H], contiguous, on q's device
+// (python/jagflash/_launch.py converts other dtypes and strided ones before the call, and its
+// check_learnable_sink words a failure). Their values are the C library's to check.
+void set_learnable_sink(jf_problem& p, const Tensor& q, const std::optional<Tensor>& sink) {
+  if (!sink.has_value()) return;
+  if (sink->dim() != 1 || sink->size(0) != q.size(1) || dtype_of(*sink) != codes().fp32 ||
+      !(place_of(*sink) == place_of(q)) || (sink->numel() > 1 && sink->stride(0) != 1)) {
+    fail_input("learnable_sink");
+  }
+  p.learnable_sink = static_cast<const float*>(sink->data_ptr());
+}
+
+// Where the sinks' gradient goes (jf_bwd_args.dlearnable_sink): a float32 [H] tensor, contiguous,
+// on q's device, given only with sinks (python/jagflash/_launch.py allocates it when the gradient
+// is wanted); none: NULL, and the C library computes no gradient for the sinks. An argument
+// rather than an output: the backwards' outputs stay dq, dk, dv and the workspace.
+void set_sink_gradient(jf_bwd_args& args, const Tensor& q, const std::optional<Tensor>& dsink) {
+  if (!dsink.has_value()) return;
+  if (args.problem.learnable_sink == nullptr || dsink->dim() != 1 || dsink->size(0) != q.size(1) ||
+      dtype_of(*dsink) != codes().fp32 || !(place_of(*dsink) == place_of(q)) ||
+      (dsink->numel() > 1 && dsink->stride(0) != 1)) {
+    fail_input("dlearnable_sink");
+  }
+  args.dlearnable_sink = static_cast<float*>(dsink->data_ptr());
+}
+
 jf_problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_offsets,
                       const Tensor& kv_offsets, int64_t mask, int64_t window_left, int64_t window_right,
                       double scale, const Place& place) {
@@ -442,6 +468,7 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
                                                int64_t max_seqlen, const ScoreModInputs& mod,
+                                               const std::optional<Tensor>& learnable_sink,
                                                const std::optional<Tensor>& block_mask_blocks = std::nullopt,
                                                const std::optional<Tensor>& block_mask_offsets = std::nullopt);
 
@@ -450,13 +477,13 @@ std::tuple<Tensor, Tensor, Tensor> fwd(Tensor q, Tensor k, Tensor v, Tensor q_of
                                        int64_t offsets_check, int64_t max_seqlen, double softcap,
                                        std::optional<Tensor> alibi_slopes, std::optional<Tensor> block_mask_blocks,
                                        std::optional<Tensor> block_mask_offsets, int64_t score_mod,
-                                       std::optional<Tensor> score_mod_table) {
+                                       std::optional<Tensor> score_mod_table, std::optional<Tensor> learnable_sink) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, &q_offsets, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, block_mask_blocks,
-                     block_mask_offsets);
+                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, learnable_sink,
+                     block_mask_blocks, block_mask_offsets);
 }
 
 // out and dout: q's rows and heads, v's head dim (which may be smaller than q's), q's dtype and
@@ -468,23 +495,26 @@ bool shaped_like_out(const Tensor& t, const Tensor& q, const Tensor& v) {
 
 // The backward once its inputs are checked: layouts the C API can read, the gradients, the call.
 // q_offsets null: a pooled call (q is the shared query set, kv_offsets give the batch).
-std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                                        Tensor lse, const Tensor* q_offsets,
-                                                        Tensor kv_offsets, int64_t mask, int64_t window_left,
-                                                        int64_t window_right, double scale,
-                                                        int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic, const ScoreModInputs& mod,
-                                                        const std::optional<Tensor>& block_mask_blocks = std::nullopt,
-                                                        const std::optional<Tensor>& block_mask_offsets = std::nullopt);
+// The sinks of a backward: the forward's, and where their gradient goes (none: not wanted).
+struct SinkInputs {
+  std::optional<Tensor> learnable_sink;
+  std::optional<Tensor> gradient;
+};
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                               Tensor lse, Tensor q_offsets, Tensor kv_offsets, int64_t mask,
-                                               int64_t window_left, int64_t window_right, double scale,
-                                               int64_t offsets_check, int64_t max_seqlen, bool deterministic,
-                                               double softcap, std::optional<Tensor> alibi_slopes,
-                                               std::optional<Tensor> block_mask_blocks,
-                                               std::optional<Tensor> block_mask_offsets, int64_t score_mod,
-                                               std::optional<Tensor> score_mod_table) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
+    Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const Tensor* q_offsets, Tensor kv_offsets,
+    int64_t mask, int64_t window_left, int64_t window_right, double scale, int64_t offsets_check,
+    int64_t max_seqlen, bool deterministic, const ScoreModInputs& mod, const SinkInputs& sink,
+    const std::optional<Tensor>& block_mask_blocks = std::nullopt,
+    const std::optional<Tensor>& block_mask_offsets = std::nullopt);
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(
+    Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, Tensor kv_offsets,
+    int64_t mask, int64_t window_left, int64_t window_right, double scale, int64_t offsets_check,
+    int64_t max_seqlen, bool deterministic, double softcap, std::optional<Tensor> alibi_slopes,
+    std::optional<Tensor> block_mask_blocks, std::optional<Tensor> block_mask_offsets, int64_t score_mod,
+    std::optional<Tensor> score_mod_table, std::optional<Tensor> learnable_sink,
+    std::optional<Tensor> dlearnable_sink) {
   check_inputs(q, k, v, q_offsets, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -496,8 +526,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(Tensor dout, Tensor q, Tensor k, 
   }
   return run_backward(dout, q, k, v, out, lse, &q_offsets, kv_offsets, mask, window_left, window_right, scale,
                       offsets_check, max_seqlen, deterministic,
-                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, block_mask_blocks,
-                      block_mask_offsets);
+                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table},
+                      SinkInputs{learnable_sink, dlearnable_sink}, block_mask_blocks, block_mask_offsets);
 }
 
 // ---- Pooled attention (jf_problem.pooled_q_rows): one query set q [Lq, H, D] shared by
@@ -528,18 +558,20 @@ std::tuple<Tensor, Tensor, Tensor> pooled_fwd(Tensor q, Tensor k, Tensor v, Tens
                                               int64_t window_left, int64_t window_right, double scale,
                                               int64_t offsets_check, int64_t max_seqlen, double softcap,
                                               std::optional<Tensor> alibi_slopes, int64_t score_mod,
-                                              std::optional<Tensor> score_mod_table) {
+                                              std::optional<Tensor> score_mod_table,
+                                              std::optional<Tensor> learnable_sink) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
   return run_forward(q, k, v, nullptr, kv_offsets, mask, window_left, window_right, scale, offsets_check,
-                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table});
+                     max_seqlen, ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table}, learnable_sink);
 }
 
 std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, const Tensor* q_offsets,
                                                Tensor kv_offsets, int64_t mask, int64_t window_left,
                                                int64_t window_right, double scale, int64_t offsets_check,
                                                int64_t max_seqlen, const ScoreModInputs& mod,
+                                               const std::optional<Tensor>& learnable_sink,
                                                const std::optional<Tensor>& block_mask_blocks,
                                                const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
@@ -561,6 +593,7 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   set_score_mod(args.problem, q, mod);
+  set_learnable_sink(args.problem, q, learnable_sink);
   KeptBlockMask kept;
   set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
   args.out = describe(out);
@@ -570,13 +603,12 @@ std::tuple<Tensor, Tensor, Tensor> run_forward(Tensor q, Tensor k, Tensor v, con
   return {out, lse, workspace};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                                      Tensor lse, Tensor kv_offsets, int64_t mask,
-                                                      int64_t window_left, int64_t window_right, double scale,
-                                                      int64_t offsets_check, int64_t max_seqlen,
-                                                      bool deterministic, double softcap,
-                                                      std::optional<Tensor> alibi_slopes, int64_t score_mod,
-                                                      std::optional<Tensor> score_mod_table) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(
+    Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor kv_offsets, int64_t mask,
+    int64_t window_left, int64_t window_right, double scale, int64_t offsets_check, int64_t max_seqlen,
+    bool deterministic, double softcap, std::optional<Tensor> alibi_slopes, int64_t score_mod,
+    std::optional<Tensor> score_mod_table, std::optional<Tensor> learnable_sink,
+    std::optional<Tensor> dlearnable_sink) {
   check_pooled_inputs(q, k, v, kv_offsets);
   check_offsets_mode(offsets_check);
   check_scale(scale);
@@ -593,17 +625,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pooled_bwd(Tensor dout, Tensor q, Ten
   }
   return run_backward(dout, q, k, v, out, lse, nullptr, kv_offsets, mask, window_left, window_right, scale,
                       offsets_check, max_seqlen, deterministic,
-                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table});
+                      ScoreModInputs{softcap, alibi_slopes, score_mod, score_mod_table},
+                      SinkInputs{learnable_sink, dlearnable_sink});
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                                                        Tensor lse, const Tensor* q_offsets,
-                                                        Tensor kv_offsets, int64_t mask, int64_t window_left,
-                                                        int64_t window_right, double scale,
-                                                        int64_t offsets_check, int64_t max_seqlen,
-                                                        bool deterministic, const ScoreModInputs& mod,
-                                                        const std::optional<Tensor>& block_mask_blocks,
-                                                        const std::optional<Tensor>& block_mask_offsets) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(
+    Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, const Tensor* q_offsets, Tensor kv_offsets,
+    int64_t mask, int64_t window_left, int64_t window_right, double scale, int64_t offsets_check,
+    int64_t max_seqlen, bool deterministic, const ScoreModInputs& mod, const SinkInputs& sink,
+    const std::optional<Tensor>& block_mask_blocks, const std::optional<Tensor>& block_mask_offsets) {
   const Place place = place_of(q);
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   guard_device(guard, place);
@@ -628,8 +658,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
           ? problem_of(q, k, v, q_offsets_c, kv_offsets, mask, window_left, window_right, scale, place)
           : pooled_problem_of(q, k, v, kv_offsets, mask, window_left, window_right, scale, place);
   set_score_mod(args.problem, q, mod);
+  set_learnable_sink(args.problem, q, sink.learnable_sink);
   KeptBlockMask kept;
   set_block_mask(args.problem, q, kv_offsets.numel(), block_mask_blocks, block_mask_offsets, kept);
+  set_sink_gradient(args, q, sink.gradient);
   args.out = describe(out);
   args.dout = describe(dout);
   args.lse = static_cast<const float*>(lse.data_ptr());
@@ -650,32 +682,38 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> run_backward(Tensor dout, Tensor q, T
 // device offsets check leaves its flag (python/jagflash/_offsets_check.py keeps it).
 // softcap (0 = none) and alibi_slopes (float32 [H], or None): the score modifier (jf_score_mod);
 // score_mod (a jf_score_mod that reads a table, 0 = none) and score_mod_table (float32 [H, W]):
-// a modifier with a table, last in every op.
+// a modifier with a table, after the block mask.
 // block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]), or None: the block-sparse map
 // (jf_block_mask; not with pooled attention, which the C API refuses it for).
+// learnable_sink (float32 [H], or None): the sinks (jf_problem.learnable_sink), after the
+// modifier's table; the backwards' dlearnable_sink, last (float32 [H], or None): overwritten with
+// the sinks' gradient (jf_bwd_args.dlearnable_sink). Calls without sinks may leave both out.
 STABLE_TORCH_LIBRARY(jagflash_c, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor q_offsets, Tensor kv_offsets, int mask, int window_left, "
       "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
       "Tensor? alibi_slopes=None, Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None, "
-      "int score_mod=0, Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor)");
+      "int score_mod=0, Tensor? score_mod_table=None, Tensor? learnable_sink=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q_offsets, "
       "Tensor kv_offsets, int mask, int window_left, int window_right, float scale, int offsets_check, "
       "int max_seqlen, bool deterministic, float softcap=0., Tensor? alibi_slopes=None, "
       "Tensor? block_mask_blocks=None, Tensor? block_mask_offsets=None, int score_mod=0, "
-      "Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? score_mod_table=None, Tensor? learnable_sink=None, Tensor(a!)? dlearnable_sink=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   // Pooled attention: q [Lq, H, D] shared by the B sequences of kv_offsets; out [B*Lq, H, Dv],
   // lse [H, B*Lq]; the backward's dq [Lq, H, D] is the sum over the sequences.
   m.def(
       "pooled_fwd(Tensor q, Tensor k, Tensor v, Tensor kv_offsets, int mask, int window_left, "
       "int window_right, float scale, int offsets_check, int max_seqlen, float softcap=0., "
-      "Tensor? alibi_slopes=None, int score_mod=0, Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor)");
+      "Tensor? alibi_slopes=None, int score_mod=0, Tensor? score_mod_table=None, Tensor? learnable_sink=None) "
+      "-> (Tensor, Tensor, Tensor)");
   m.def(
       "pooled_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor kv_offsets, "
       "int mask, int window_left, int window_right, float scale, int offsets_check, int max_seqlen, "
       "bool deterministic, float softcap=0., Tensor? alibi_slopes=None, int score_mod=0, "
-      "Tensor? score_mod_table=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? score_mod_table=None, Tensor? learnable_sink=None, Tensor(a!)? dlearnable_sink=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(jagflash_c, CPU, m) {

@@ -100,6 +100,9 @@ class Problem(ctypes.Structure):
         # The table of a modifier that reads one: float32 [H][score_mod_table_width]; else NULL, 0.
         ("score_mod_table", ctypes.c_void_p),
         ("score_mod_table_width", ctypes.c_int32),
+        # Learnable attention sinks: NULL, or float32 [H], one logit per query head that joins
+        # every row's softmax denominator without a value.
+        ("learnable_sink", ctypes.c_void_p),
     ]
 
 
@@ -142,6 +145,8 @@ class BwdArgs(ctypes.Structure):
         ("dq", Tensor),
         ("dk", Tensor),
         ("dv", Tensor),
+        # NULL, or float32 [H] overwritten with d loss / d learnable_sink (NULL without sinks).
+        ("dlearnable_sink", ctypes.c_void_p),
         ("launch", Launch),
     ]
 

@@ -138,6 +138,37 @@ def check_score_mod(q, softcap, alibi_slopes, score_mod=0, score_mod_table=None)
                                            repr(softcap) if softcap != 0 else "a tensor")
 
 
+# The sinks' dtypes the package takes (a model's parameter in its dtype); the C API reads float32.
+_SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_learnable_sink(q, learnable_sink):
+    """The sinks in the ops' terms: None, or one logit per query head, a (H,) tensor of float32,
+    bfloat16 or float16 on q's device (_checked_extras converts it to the contiguous float32 the C
+    API reads). The binding checks the converted tensor; this says it in the caller's words, also
+    for the fake kernels, so a traced call fails where an eager one would. Their values (finite)
+    are the C library's to check."""
+    if learnable_sink is None or q.dim() != 3:  # q's own shape is check_inputs' to name
+        return
+    heads = q.shape[1]
+    if isinstance(learnable_sink, torch.Tensor) and learnable_sink.dtype in _SINK_DTYPES and \
+            tuple(learnable_sink.shape) == (heads,) and learnable_sink.device == q.device:
+        return
+    got = (f"{learnable_sink.dtype} {tuple(learnable_sink.shape)} on {learnable_sink.device}"
+           if isinstance(learnable_sink, torch.Tensor) else type(learnable_sink).__name__)
+    raise _errors.invalid_argument("learnable_sink", f"a float32, bfloat16 or float16 tensor of shape ({heads},) (one "
+                                   f"logit per query head) on {q.device} (q's device)", got)
+
+
+def check_sink_grad(learnable_sink, learnable_sink_grad):
+    """A backward op's learnable_sink_grad: a bool, and True only with sinks to differentiate."""
+    if not isinstance(learnable_sink_grad, bool):
+        raise _errors.invalid_argument("learnable_sink_grad", "True or False", repr(learnable_sink_grad))
+    if learnable_sink_grad and learnable_sink is None:
+        raise _errors.invalid_argument("learnable_sink_grad", "False without learnable_sink (there is no sink to "
+                                       "differentiate)", repr(learnable_sink_grad))
+
+
 def check_block_mask(q, q_offsets, blocks, offsets):
     """The block mask in the ops' terms: none (both None) or blocks a uint8 vector and offsets an
     int32 vector of B+1 entries (as many as q_offsets), both on q's device. The values (offsets[0]
@@ -340,6 +371,33 @@ def _binding_args(layout, problem, device):
     return (*before(problem), _offsets_check.launch_value(problem.check_offsets, device), *after(problem))
 
 
+# The sinks' arguments are the last of every binding op, with defaults (learnable_sink=None, and the
+# backwards' dlearnable_sink=None, where the custom ops take learnable_sink_grad): a call without
+# sinks leaves them out, so it boxes one argument (two) less and a binding built before the sinks
+# still serves it with its library.
+def _forward_binding_args(layout, problem, device):
+    """A binding forward op's arguments for problem on device."""
+    args = _binding_args(layout, problem, device)
+    return args if problem.learnable_sink is not None else args[:-1]
+
+
+def _backward_binding_args(layout, problem, device, out, lse, dout, dlearnable_sink):
+    """A binding backward op's arguments for problem on device; dlearnable_sink: where the sinks'
+    gradient goes, None for none."""
+    args = backward_op_args(_binding_args(layout, problem, device), out, lse, dout, dlearnable_sink)
+    return args if problem.learnable_sink is not None else args[:-2]
+
+
+def _sink_gradient_buffer(problem, learnable_sink_grad):
+    """Where the binding writes the sinks' gradient (float32 [H], jf_bwd_args.dlearnable_sink) when
+    it is wanted; None (no gradient computed) otherwise."""
+    if learnable_sink_grad is False:
+        return None
+    check_sink_grad(problem.learnable_sink, learnable_sink_grad)
+    q = problem.q
+    return torch.empty(q.shape[1], dtype=torch.float32, device=q.device)
+
+
 # (direction, dtype, head dim, device index) already shown to _backend.note_cuda_call: which path
 # serves a call depends on nothing else, so the warning is decided once per key.
 _noted = set()
@@ -347,13 +405,15 @@ _noted = set()
 
 def _note_cuda_call(direction, problem, pooled=False):
     """SlowPathWarning, once per process, when the oracle served a CUDA call (_backend). pooled:
-    q is a pooled query set (kv_offsets alone give the batch). The block mask is part of the
-    question, as the choice of path depends on it; the mask, scale and score modifier are not."""
+    q is a pooled query set (kv_offsets alone give the batch). The block mask and the sinks are
+    part of the question, as the choice of path may depend on them; the mask, scale and score
+    modifier are not."""
     if _backend._warned:
         return
     q = problem.q
     device = q.device
-    key = (direction, q.dtype, q.shape[2], device.index, pooled, problem.block_mask_blocks is not None)
+    key = (direction, q.dtype, q.shape[2], device.index, pooled, problem.block_mask_blocks is not None,
+           problem.learnable_sink is not None)
     if key in _noted:
         return
     _noted.add(key)
@@ -374,9 +434,18 @@ def _dense_slopes(alibi_slopes):
     return alibi_slopes.contiguous()
 
 
+def float32_sink(learnable_sink):
+    """The sinks as the C API reads them (a bare float pointer): a copy in float32 when they are in
+    another dtype or strided, never the caller's tensor written."""
+    if learnable_sink.dtype is torch.float32 and learnable_sink.is_contiguous():
+        return learnable_sink
+    return learnable_sink.to(torch.float32).contiguous()
+
+
 def _checked_extras(problem, pooled=False):
-    """problem with its score modifier and block mask checked in the ops' terms (check_score_mod,
-    check_block_mask) and the modifier's tensors made dense; problem itself when it has neither."""
+    """problem with its score modifier, block mask and sinks checked in the ops' terms
+    (check_score_mod, check_block_mask, check_learnable_sink) and the modifier's tensors and the
+    sinks made dense (the sinks float32); problem itself when it has none of them."""
     if problem.softcap or problem.alibi_slopes is not None or problem.score_mod or \
             problem.score_mod_table is not None:
         check_score_mod(problem.q, problem.softcap, problem.alibi_slopes, problem.score_mod, problem.score_mod_table)
@@ -384,6 +453,9 @@ def _checked_extras(problem, pooled=False):
                                    score_mod_table=_dense_slopes(problem.score_mod_table))
     if not pooled and (problem.block_mask_blocks is not None or problem.block_mask_offsets is not None):
         check_block_mask(problem.q, problem.q_offsets, problem.block_mask_blocks, problem.block_mask_offsets)
+    if problem.learnable_sink is not None:
+        check_learnable_sink(problem.q, problem.learnable_sink)
+        problem = problem._replace(learnable_sink=float32_sink(problem.learnable_sink))
     return problem
 
 
@@ -402,6 +474,7 @@ def _recheck(problem, pooled=False, backward=None):
     check_score_mod(p.q, p.softcap, p.alibi_slopes, p.score_mod, p.score_mod_table)
     if not pooled:
         check_block_mask(p.q, p.q_offsets, p.block_mask_blocks, p.block_mask_offsets)
+    check_learnable_sink(p.q, p.learnable_sink)
 
 
 def forward(problem):
@@ -411,7 +484,7 @@ def forward(problem):
     p = _checked_extras(problem)
     device = p.q.device
     try:
-        out, lse, workspace = fwd_op(*_binding_args(_FWD_LAYOUT, p, device))
+        out, lse, workspace = fwd_op(*_forward_binding_args(_FWD_LAYOUT, p, device))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p)) from None
     _offsets_check.remember("forward", p.check_offsets, workspace)
@@ -420,22 +493,24 @@ def forward(problem):
     return out, lse
 
 
-def backward(problem, out, lse, dout):
+def backward(problem, out, lse, dout, learnable_sink_grad=False):
     """dq, dk, dv in the inputs' dtype and shapes of the Problem whose forward gave out and lse
-    (dout [.., Dv] like out); with GQA dk/dv sum over each group's query heads. The problem's
-    deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk and dv
-    always are)."""
+    (dout [.., Dv] like out); with GQA dk/dv sum over each group's query heads. Then the sinks'
+    gradient, float32 [H], with learnable_sink_grad (the problem has sinks), else None. The
+    problem's deterministic: dq bitwise identical from run to run too (jf_launch.deterministic; dk,
+    dv and the sinks' gradient always are)."""
     bwd_op = _bwd_op or _ops()[1]
     p = _checked_extras(problem)
     device = p.q.device
+    dsink = _sink_gradient_buffer(p, learnable_sink_grad)
     try:
-        dq, dk, dv, workspace = bwd_op(*backward_op_args(_binding_args(_BWD_LAYOUT, p, device), out, lse, dout))
+        dq, dk, dv, workspace = bwd_op(*_backward_binding_args(_BWD_LAYOUT, p, device, out, lse, dout, dsink))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, backward=(dout, out, lse))) from None
     _offsets_check.remember("backward", p.check_offsets, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_BACKWARD, p)
-    return dq, dk, dv
+    return dq, dk, dv, dsink
 
 
 # The C structs described from Python, for what the binding does not do: the backend query
@@ -500,8 +575,8 @@ def _problem(q, k, v, q_offsets, kv_offsets, mask, window_left, window_right, sc
 
 def describe(problem, pooled=False):
     """The jf_problem of a Problem whose q, k and v the C API reads in place (_prepared), score
-    modifier and block mask included; pooled: q is a pooled query set (no q_offsets). The struct
-    holds bare pointers: the problem's tensors must outlive it."""
+    modifier, block mask and sinks (float32, dense: _checked_extras) included; pooled: q is a pooled
+    query set (no q_offsets). The struct holds bare pointers: the problem's tensors must outlive it."""
     q, kv_offsets = problem.q, problem.kv_offsets
     c_problem = _problem(q, problem.k, problem.v, kv_offsets if pooled else problem.q_offsets, kv_offsets,
                          problem.mask, problem.window_left, problem.window_right, problem.scale)
@@ -521,6 +596,8 @@ def describe(problem, pooled=False):
         # may give an empty tensor no address, and NULL blocks beside offsets is a half-given mask).
         blocks_ptr = blocks.data_ptr() if blocks.numel() else block_offsets.data_ptr()
         c_problem.block_mask = _capi.BlockMask(blocks_ptr, block_offsets.data_ptr(), blocks.numel())
+    if problem.learnable_sink is not None:
+        c_problem.learnable_sink = problem.learnable_sink.data_ptr()
     return c_problem
 
 
@@ -537,7 +614,7 @@ def pooled_forward(problem):
     p = _checked_extras(problem, pooled=True)
     device = p.q.device
     try:
-        out, lse, workspace = fwd_op(*_binding_args(_POOLED_FWD_LAYOUT, p, device))
+        out, lse, workspace = fwd_op(*_forward_binding_args(_POOLED_FWD_LAYOUT, p, device))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, pooled=True)) from None
     _offsets_check.remember("forward", p.check_offsets, workspace)
@@ -546,17 +623,19 @@ def pooled_forward(problem):
     return out, lse
 
 
-def pooled_backward(problem, out, lse, dout):
-    """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype."""
+def pooled_backward(problem, out, lse, dout, learnable_sink_grad=False):
+    """dq [Lq, H, D] (the sum over the sequences), dk, dv per sequence, in the inputs' dtype; the
+    sinks' gradient as backward's."""
     bwd_op = _pooled_ops()[1]
     p = _checked_extras(problem, pooled=True)
     device = p.q.device
+    dsink = _sink_gradient_buffer(p, learnable_sink_grad)
     try:
-        dq, dk, dv, workspace = bwd_op(*backward_op_args(_binding_args(_POOLED_BWD_LAYOUT, p, device), out, lse,
-                                                         dout))
+        dq, dk, dv, workspace = bwd_op(*_backward_binding_args(_POOLED_BWD_LAYOUT, p, device, out, lse, dout,
+                                                               dsink))
     except RuntimeError as error:
         raise _translated(error, lambda: _recheck(p, pooled=True, backward=(dout, out, lse))) from None
     _offsets_check.remember("backward", p.check_offsets, workspace)
     if device.type == "cuda":
         _note_cuda_call(_backend.DIRECTION_BACKWARD, p, pooled=True)
-    return dq, dk, dv
+    return dq, dk, dv, dsink

@@ -25,7 +25,9 @@ class Problem(NamedTuple):
     alibi_slopes (None or float32 [H]), score_mod and score_mod_table (0 and None, or the jf_score_mod
     of a modifier with a table and that table, float32 [H, W]); one at a time, not differentiable.
     block_mask_blocks (uint8) and block_mask_offsets (int32 [B+1]): the block-sparse map
-    (jf_block_mask), both None for none; not pooled.
+    (jf_block_mask), both None for none; not pooled. learnable_sink: None, or one logit per query
+    head [H] (float32, bfloat16 or float16; jf_problem.learnable_sink) that joins every row's
+    softmax denominator without a value; differentiable (the backward ops' dlearnable_sink).
 
     The field order is the custom ops' argument order (torch.ops.jagflash.fwd(q, k, v, q_offsets,
     ...) is public), so a new field goes after the others, with a default."""
@@ -48,6 +50,7 @@ class Problem(NamedTuple):
     block_mask_offsets: Optional[Tensor] = None
     score_mod: int = 0
     score_mod_table: Optional[Tensor] = None
+    learnable_sink: Optional[Tensor] = None
 
     @property
     def modified(self) -> bool:
@@ -79,34 +82,45 @@ POOLED_FIELDS = tuple(f for f in Problem._fields if f not in ("q_offsets", "bloc
 TENSOR_FIELDS = tuple(i for i, kind in enumerate(Problem.__annotations__.values())
                       if kind in (Tensor, Optional[Tensor]))
 
-# The backward ops take dout first and the forward's out and lse after v.
+# The backward ops take dout first and the forward's out and lse after v, and after the fields
+# whether to return the sinks' gradient: a sink that does not require grad gets none computed
+# (jf_bwd_args.dlearnable_sink NULL).
 _OUT_LSE_AT = Problem._fields.index("v") + 1
+SINK_GRAD = "learnable_sink_grad"
 
 
-def backward_op_args(forward_args: tuple, out: Tensor, lse: Tensor, dout: Tensor) -> tuple:
+def backward_op_args(forward_args: tuple, out: Tensor, lse: Tensor, dout: Tensor,
+                     learnable_sink_grad: bool = False) -> tuple:
     """A backward op's arguments from its forward op's (the binding's backward ops take the same
-    layout)."""
-    return (dout, *forward_args[:_OUT_LSE_AT], out, lse, *forward_args[_OUT_LSE_AT:])
+    layout, with where the sinks' gradient goes, a tensor or None, for learnable_sink_grad)."""
+    return (dout, *forward_args[:_OUT_LSE_AT], out, lse, *forward_args[_OUT_LSE_AT:], learnable_sink_grad)
 
 
-def split_backward_op_args(args: tuple) -> Tuple[tuple, Tensor, Tensor, Tensor]:
-    """(forward op's arguments, out, lse, dout) from a backward op's: backward_op_args undone."""
-    forward_args = args[1:_OUT_LSE_AT + 1] + args[_OUT_LSE_AT + 3:]
-    return forward_args, args[_OUT_LSE_AT + 1], args[_OUT_LSE_AT + 2], args[0]
+def split_backward_op_args(args: tuple, pooled: bool = False) -> Tuple[tuple, Tensor, Tensor, Tensor, bool]:
+    """(forward op's arguments, out, lse, dout, learnable_sink_grad) from a backward op's (pooled:
+    pooled_bwd's): backward_op_args undone. torch hands a custom op its arguments as the caller
+    gave them, so those left at their defaults at the end may be missing (learnable_sink_grad's is
+    False; from_op_args fills in the forward's)."""
+    sink_grad_at = len(POOLED_FIELDS if pooled else Problem._fields) + 3
+    forward_args = args[1:_OUT_LSE_AT + 1] + args[_OUT_LSE_AT + 3:sink_grad_at]
+    sink_grad = args[sink_grad_at] if len(args) > sink_grad_at else False
+    return forward_args, args[_OUT_LSE_AT + 1], args[_OUT_LSE_AT + 2], args[0], sink_grad
 
 
 def op_schema(pooled: bool = False, backward: bool = False) -> str:
     """The schema of one of the four custom ops: the fields (POOLED_FIELDS when `pooled`) as its
-    arguments, typed and defaulted as Problem declares them; a backward op's dout, out and lse
-    where backward_op_args puts them, and three gradients returned instead of out and lse."""
+    arguments, typed and defaulted as Problem declares them; a backward op's dout, out, lse and
+    learnable_sink_grad where backward_op_args puts them, and four gradients returned instead of
+    out and lse: dq, dk, dv and dlearnable_sink (float32 [H] with learnable_sink_grad, else empty)."""
     declared = inspect.signature(Problem).parameters
     arguments = [declared[name] for name in (POOLED_FIELDS if pooled else Problem._fields)]
     returns = Tuple[Tensor, Tensor]
     if backward:
-        def tensor(name):
-            return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Tensor)
-        arguments = backward_op_args(tuple(arguments), tensor("out"), tensor("lse"), tensor("dout"))
-        returns = Tuple[Tensor, Tensor, Tensor]
+        def argument(name, annotation=Tensor, **default):
+            return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation, **default)
+        arguments = backward_op_args(tuple(arguments), argument("out"), argument("lse"), argument("dout"),
+                                     argument(SINK_GRAD, bool, default=False))
+        returns = Tuple[Tensor, Tensor, Tensor, Tensor]
 
     def prototype(*args):
         pass

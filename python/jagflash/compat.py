@@ -127,6 +127,8 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: Optional[Tensor] = None,
+    *,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tensor:
     """FlashAttention-2's flash_attn_varlen_func on jagflash; returns out [total_q, H, Dv].
 
@@ -160,7 +162,11 @@ def flash_attn_varlen_func(
     the next multiple of 8 (a copy of each, and of out's columns back), scale 1/sqrt(D) of the
     caller's D.
     block_table: None only (no paged KV cache).
-    Differentiable in q, k and v.
+    learnable_sink (keyword only, FlashAttention-4's name; FA2 has none): None, or attention sinks
+    (gpt-oss), one logit per query head of shape (nheads,), float32, bfloat16 or float16, that
+    joins every row's softmax denominator without a value (jagged_attention's learnable_sink);
+    differentiable. With sinks a row that sees no key has softmax_lse = its head's sink.
+    Differentiable in q, k and v (and learnable_sink).
     """
     if not _is_zero("dropout_p", dropout_p):
         raise _unsupported(f"dropout_p={dropout_p}", "jagflash has no attention dropout; pass 0.0 (FlashAttention "
@@ -202,7 +208,7 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,  # type: ignore[arg-type]  # checked there
             scale=softmax_scale, max_seqlen_q=_hint("max_seqlen_q", max_seqlen_q),
             max_seqlen_kv=_hint("max_seqlen_k", max_seqlen_k), deterministic=deterministic,
-            return_lse=return_attn_probs, softcap=cap, alibi_slopes=alibi_slopes,
+            return_lse=return_attn_probs, softcap=cap, alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
         )
     except JagflashError as error:
         error = reworded(error, _FA2_TERMS)

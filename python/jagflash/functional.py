@@ -139,6 +139,7 @@ _C_TERMS = (
     (r"\bproblem\.score_mod_table\b", "score_mod_table"),
     (r"\bproblem\.block_mask\.(blocks|offsets)\b", r"block_mask.\1"),
     (r"\bproblem\.block_mask\.bytes\b", "block_mask.blocks.numel()"),
+    (r"\bproblem\.learnable_sink\b", "learnable_sink"),
     (r"\bproblem\.window_left\b", "window[0]"),
     (r"\bproblem\.window_right\b", "window[1]"),
     # Inside a message: "a divisor of q.heads (4)".
@@ -236,6 +237,17 @@ def _table_score_mod(score_mod: Optional[str], score_mod_table: Optional[Tensor]
     return kind
 
 
+# learnable_sink's expected value before the heads are known (_launch.check_learnable_sink names them).
+_SINK_EXPECTED = "a float32, bfloat16 or float16 tensor of shape (H,) (one logit per query head)"
+
+
+def _check_sink(learnable_sink: object) -> None:
+    """learnable_sink None or a dense tensor with data, before anything reads it (its dtype, shape
+    and device: _launch.check_learnable_sink, where the call runs)."""
+    if learnable_sink is not None:
+        _check_tensor("learnable_sink", learnable_sink, _SINK_EXPECTED)
+
+
 def _check_return_lse(return_lse: object) -> None:
     """return_lse as given: True or False only (a truthy "no" is not taken as yes)."""
     if return_lse is not True and return_lse is not False:
@@ -282,6 +294,7 @@ def jagged_attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tensor: ...
 
 
@@ -306,6 +319,7 @@ def jagged_attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]: ...
 
 
@@ -330,6 +344,7 @@ def jagged_attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]: ...
 
 
@@ -353,8 +368,9 @@ def jagged_attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """Attention over a jagged (packed) batch; differentiable in q, k and v.
+    """Attention over a jagged (packed) batch; differentiable in q, k, v (and learnable_sink).
 
     q: [total_q, H, D]; k: [total_kv, H_kv, D]; v: [total_kv, H_kv, Dv] with H % H_kv == 0
     (GQA/MQA); bf16 or fp16 (fp32 also accepted). Returns out [total_q, H, Dv]. Head dims: on CPU
@@ -397,6 +413,14 @@ def jagged_attention(
     the constructors). Not differentiable; the backward uses the same map. On CUDA the Hopper
     kernels serve it at head dims 64 and 128 without a score modifier, the GPU oracle at 256 and
     with one.
+    learnable_sink: None, or attention sinks (gpt-oss; FlashAttention-4's learnable_sink): one logit
+    s_h per query head, a tensor of shape (H,) on q's device, float32, bfloat16 or float16 (read as
+    float32). s_h joins every row's softmax denominator without a value: out_i = sum_j
+    exp(x_ij) v_j / (exp(s_h) + sum_j exp(x_ij)), x_ij the visible scores after scale and any score
+    modifier (the sink itself is not modified), and lse_i = log(exp(s_h) + sum_j exp(x_ij)); a row
+    that sees no key gives out 0 and lse s_h. Differentiable: when it requires grad it gets its
+    gradient (in its dtype), sum_i -exp(s_h - lse_i) * (dout_i . out_i) over the head's rows. Any
+    mask, window, score modifier and block mask.
     CUDA tensors run the GPU path, CPU tensors the C++ float64 reference.
     Errors: InvalidArgumentError (a ValueError) or UnsupportedError naming the argument in these
     terms (q.shape[-1], kv_offsets[B=2], scale); q, k, v and the offsets are checked to be dense
@@ -431,15 +455,18 @@ def jagged_attention(
         ops.refuse_modifier_gradient(alibi_slopes, None)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets_i32)
     table_kind = 0 if score_mod is None and score_mod_table is None else _table_score_mod(score_mod, score_mod_table)
+    _check_sink(learnable_sink)
     # Positional, in Problem's field order (fixed: it is the custom ops' public argument order):
     # naming every field would add about 1 us to each eager call's host time.
     problem = Problem(q, k, v, q_offsets_i32, kv_offsets_i32, mask, window_left, window_right, _scale(scale),
                       _offsets_check.resolve(check_offsets), hint, _deterministic(deterministic), cap, alibi_slopes,
-                      blocks, block_offsets, table_kind, score_mod_table)
+                      blocks, block_offsets, table_kind, score_mod_table, learnable_sink)
     try:
-        # q, k, v only: the binding refuses offsets on another device (check_inputs words it).
-        if ops.eager_fast_path_allowed(q, k, v):
-            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # q, k, v and the sinks only: the binding refuses offsets on another device (check_inputs words it).
+        if ops.eager_fast_path_allowed(q, k, v) and (learnable_sink is None or
+                                                    ops.eager_fast_path_allowed(learnable_sink)):
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                            (learnable_sink is not None and learnable_sink.requires_grad)):
                 out, lse = ops.eager_attention(problem)
             else:
                 # Nothing to differentiate: the binding's op alone (no autograd node to build).
@@ -512,14 +539,15 @@ def attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tensor:
     """jagged_attention on torch.nested jagged tensors shaped (B, j, H, D) (v: (B, j, H_kv, Dv),
     head dims as in jagged_attention).
 
     k and v must have the same offsets (lengths); q the same batch size. Returns a nested tensor
     (B, j, H, Dv) with q's offsets (so it adds to q when Dv = D). Masks, scale, check_offsets, deterministic, softcap,
-    alibi_slopes, block_mask (built for q's and k's offsets), score_mod and score_mod_table as in
-    jagged_attention.
+    alibi_slopes, block_mask (built for q's and k's offsets), score_mod, score_mod_table and
+    learnable_sink as in jagged_attention.
     """
     q_values, k_values, v_values = _jagged_values("q", q), _jagged_values("k", k), _jagged_values("v", v)
     if _offsets_of(k).shape != _offsets_of(q).shape:
@@ -529,7 +557,7 @@ def attention(
         out = jagged_attention(q_values, k_values, v_values, _offsets_of(q), kv_offsets, causal=causal, window=window,
                                scale=scale, check_offsets=check_offsets, deterministic=deterministic,
                                softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask,
-                               score_mod=score_mod, score_mod_table=score_mod_table)
+                               score_mod=score_mod, score_mod_table=score_mod_table, learnable_sink=learnable_sink)
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v)
         if cause is None:
@@ -584,9 +612,10 @@ def pooled_attention(
     block_mask: Optional[BlockMask] = None,
     score_mod: Optional[str] = None,
     score_mod_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Pooled attention (Pooling by Multihead Attention): one query set attends over every sequence
-    of a jagged batch; differentiable in q, k and v.
+    of a jagged batch; differentiable in q, k, v (and learnable_sink).
 
     q: [Lq, H, D], shared by all B sequences (no need to repeat it B times); k, v: [total_kv, H_kv,
     D] with H % H_kv == 0 (GQA/MQA) and kv_offsets int32 or int64 [B+1] on their device, or k and v
@@ -594,12 +623,13 @@ def pooled_attention(
     Returns out [B*Lq, H, Dv] (Dv: v's head dim, as in jagged_attention), sequence b's rows at b*Lq
     ([B, Lq, H, Dv] for nested k, v), and with
     return_lse also lse [H, B*Lq] float32 (natural log; not differentiable). A sequence of length 0
-    gives out = 0, lse = -inf and no gradient. The gradient of q is the sum over the sequences.
+    gives out = 0, lse = -inf (learnable_sink's s_h with sinks) and no gradient. The gradient of q
+    is the sum over the sequences.
     window: (left, right) on the keys, -1 unbounded, bottom-right aligned per sequence as in
     jagged_attention with Lq queries against the sequence's length. scale: defaults to 1/sqrt(D)
     (other values as in jagged_attention).
-    check_offsets, deterministic, softcap, alibi_slopes, score_mod and score_mod_table as in
-    jagged_attention (positions, as ALiBi's, with Lq
+    check_offsets, deterministic, softcap, alibi_slopes, score_mod, score_mod_table and
+    learnable_sink as in jagged_attention (positions, as ALiBi's, with Lq
     queries against the sequence's length, bottom-right aligned). block_mask: None only (the C
     library serves no block-sparse map in pooled attention; a map raises UnsupportedError rather
     than being ignored). CUDA tensors run the GPU path (the Hopper kernels where they serve the
@@ -629,13 +659,14 @@ def pooled_attention(
     mask, window_left, window_right = mask_args(False, window)
     if alibi_slopes is not None:
         ops.refuse_modifier_gradient(alibi_slopes, None)
+    _check_sink(learnable_sink)
     try:
         problem = Problem(q=q, k=k_values, v=v_values, q_offsets=None, kv_offsets=kv_offsets_i32, mask=mask,
                           window_left=window_left, window_right=window_right, scale=_scale(scale),
                           check_offsets=_offsets_check.resolve(check_offsets),
                           deterministic=_deterministic(deterministic), softcap=_softcap(softcap),
                           alibi_slopes=alibi_slopes, score_mod=_table_score_mod(score_mod, score_mod_table),
-                          score_mod_table=score_mod_table)
+                          score_mod_table=score_mod_table, learnable_sink=learnable_sink)
         out, lse = ops.pooled_fwd(*problem.op_args(pooled=True))
     except InvalidArgumentError as error:
         cause = _v_offsets_differ(k, v) if nested else None
@@ -652,7 +683,8 @@ def pooled_attention(
 def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Optional[Tensor] = None, *,
             backward: bool = False, softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
             block_mask: Optional[BlockMask] = None, score_mod: Optional[str] = None,
-            score_mod_table: Optional[Tensor] = None) -> "_backend.Backend":
+            score_mod_table: Optional[Tensor] = None,
+            learnable_sink: Optional[Tensor] = None) -> "_backend.Backend":
     """Which path serves jagged_attention on these tensors ("hopper", "oracle" or "reference"), or
     its backward with backward=True, on the tensors' device. The mask, scale and the other options
     do not change it. Reads no tensor data and does not sync; raises where the call would raise
@@ -660,10 +692,11 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     head dims on that device for this call: on CUDA a v head dim of its own off the Hopper kernels,
     or one other than 64, 128 or 256 that the Hopper kernels do not take: fp32, a score modifier
     or a block mask). block_mask: the call's jagflash.BlockMask, which the choice depends on (its
-    values are not read). The answer is a str with one attribute more, kernel_head_dim: the head
-    dim of the kernel that serves the call (on the Hopper kernels the narrowest at or above q's,
-    per direction: D = 80 runs the forward and the backward of 96, D = 160 those of 192, D = 200
-    those of 256; elsewhere q's own)."""
+    values are not read); learnable_sink: the call's sinks, checked as the call checks them. The
+    answer is a str with one attribute more, kernel_head_dim: the head dim of the kernel that
+    serves the call (on the Hopper kernels the narrowest at or above q's, per direction: D = 80
+    runs the forward and the backward of 96, D = 160 those of 192, D = 200 those of 256;
+    elsewhere q's own)."""
     if not isinstance(backward, bool):
         raise invalid_argument("backward", "True or False", repr(backward))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -674,13 +707,16 @@ def backend(q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, kv_offsets: Opti
     cap = _softcap(softcap)
     blocks, block_offsets = (None, None) if block_mask is None else _block_mask_tensors(block_mask, q, q_offsets)
     table_kind = _table_score_mod(score_mod, score_mod_table)
+    _check_sink(learnable_sink)
     problem = Problem(q=q, k=k, v=v, q_offsets=q_offsets, kv_offsets=kv_offsets, mask=_capi.MASK_NONE, window_left=-1,
                       window_right=-1, scale=0.0, check_offsets="auto", softcap=cap, alibi_slopes=alibi_slopes,
                       block_mask_blocks=blocks, block_mask_offsets=block_offsets, score_mod=table_kind,
-                      score_mod_table=score_mod_table)
+                      score_mod_table=score_mod_table, learnable_sink=learnable_sink)
     _launch.check_head_dims(q, k, v, backward=backward, modified=problem.modified, blocked=blocks is not None)
     _launch.check_score_mod(q, cap, alibi_slopes, table_kind, score_mod_table)
-    problem = problem._replace(q=_launch._prepared(q), k=_launch._prepared(k), v=_launch._prepared(v))
+    _launch.check_learnable_sink(q, learnable_sink)
+    problem = problem._replace(q=_launch._prepared(q), k=_launch._prepared(k), v=_launch._prepared(v),
+                               learnable_sink=None if learnable_sink is None else _launch.float32_sink(learnable_sink))
     launch = _capi.Launch(backend=_capi.BACKEND_AUTO)
     direction = _backend.DIRECTION_BACKWARD if backward else _backend.DIRECTION_FORWARD
     try:

@@ -235,7 +235,7 @@ def _varlen_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor
                           window_left=left, window_right=right, scale=_scale(scale),
                           check_offsets=_offsets_check.resolve(None), max_seqlen=_hint(max_q, max_k),
                           deterministic=torch.are_deterministic_algorithms_enabled())
-        dq, dk, dv = _launch.backward(problem, out, logsumexp, grad_out)
+        dq, dk, dv, _ = _launch.backward(problem, out, logsumexp, grad_out)
     except InvalidArgumentError as error:
         _raise_int32_cause(error, cum_seq_q, cum_seq_k)
     return _like(query, dq), _like(key, dk), _like(value, dv)
@@ -331,7 +331,7 @@ def _dense_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
     problem = Problem(q=q_rows, k=k_rows, v=v_rows, q_offsets=q_offsets, kv_offsets=kv_offsets, mask=mask,
                       window_left=left, window_right=right, scale=_scale(scale), check_offsets=_offsets_check.BUILT,
                       max_seqlen=_hint(len_q, len_kv), deterministic=torch.are_deterministic_algorithms_enabled())
-    dq, dk, dv = _launch.backward(problem, out_rows, lse_rows, dout_rows)
+    dq, dk, dv, _ = _launch.backward(problem, out_rows, lse_rows, dout_rows)
     if per_head:
         return (dq.view(batch, heads, len_q, head_dim), dk.view(batch, heads, len_kv, head_dim),
                 dv.view(batch, heads, len_kv, head_dim))

@@ -55,6 +55,7 @@ CHANGED = {
     "score_mod_table": {"score_mod": "relative_bias", "score_mod_table": _table()},
     "dropout_p": 0.5,
     "block_table": torch.zeros(2, 1, dtype=torch.int32),
+    "learnable_sink": torch.tensor([0.5, 2.0]),
 }
 
 

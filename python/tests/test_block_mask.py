@@ -531,8 +531,8 @@ def test_fake_kernels_take_a_block_mask():
         blocks = torch.empty(2, dtype=torch.uint8)
         out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0, None, blocks, off)
         assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
-        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
-                                            None, blocks, off)
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                               None, blocks, off)
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         with pytest.raises(jagflash.InvalidArgumentError, match=r"^block_mask.offsets: expected an int32 vector"):
             torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0, None, blocks, off[:2])
@@ -587,8 +587,8 @@ def test_fake_cuda_tensors_trace_with_a_block_mask():
         blocks = torch.empty(2, dtype=torch.uint8, device="cuda")
         out, lse = torch.ops.jagflash.fwd(q, k, k, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0, None, blocks, off)
         assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
-        dq, dk, dv = torch.ops.jagflash.bwd(q, q, k, k, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
-                                            None, blocks, off)
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(q, q, k, k, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                               None, blocks, off)
         assert dq.shape == q.shape and dk.shape == k.shape
         with pytest.raises(jagflash.InvalidArgumentError, match=r"^block_mask.blocks: expected a uint8 vector on "
                                                                 r"cuda:0 \(q's device\), got torch.uint8 of shape "

@@ -32,9 +32,12 @@ def _max(lengths_offsets):
 
 
 def test_signature_is_flash_attention_2s():
-    parameters = inspect.signature(jagflash.flash_attn_varlen_func).parameters.values()
-    assert [(p.name, p.default) for p in parameters] == FA2_SIGNATURE
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+    """FA2's arguments in FA2's order; after them, keyword only, FlashAttention-4's learnable_sink."""
+    parameters = list(inspect.signature(jagflash.flash_attn_varlen_func).parameters.values())
+    fa2, extra = parameters[:len(FA2_SIGNATURE)], parameters[len(FA2_SIGNATURE):]
+    assert [(p.name, p.default) for p in fa2] == FA2_SIGNATURE
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in fa2)
+    assert [(p.name, p.default, p.kind) for p in extra] == [("learnable_sink", None, inspect.Parameter.KEYWORD_ONLY)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

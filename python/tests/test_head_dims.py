@@ -166,7 +166,7 @@ def test_fake_kernels_give_v_s_head_dim():
         kv_off = torch.zeros(3, dtype=torch.int32)
         out, lse = torch.ops.jagflash.fwd(q, k, v, q_off, kv_off, 0, -1, -1, 0.0, "auto")
         assert out.shape == (12, 4, 128) and lse.shape == (4, 12)
-        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, q_off, kv_off, 0, -1, -1, 0.0, "auto")
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(out, q, k, v, out, lse, q_off, kv_off, 0, -1, -1, 0.0, "auto")
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         pooled_out, pooled_lse = torch.ops.jagflash.pooled_fwd(q[:3], k, v, kv_off, 0, -1, -1, 0.0, "auto")
         assert pooled_out.shape == (6, 4, 128) and pooled_lse.shape == (4, 6)
@@ -264,7 +264,7 @@ def test_cuda_a_v_head_dim_of_its_own_runs_on_the_hopper_kernels(dims):
         out, lse = entries["forward"]["op fwd"]()
         assert out.shape == (12, 4, dims[1])
         assert entries["forward"]["jagged_attention"]().shape == (12, 4, dims[1])
-        dq, dk, dv = entries["backward"]["op bwd"]()
+        dq, dk, dv, _ = entries["backward"]["op bwd"]()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
@@ -292,9 +292,9 @@ def test_cuda_backward_past_128_runs_on_the_hopper_kernels(d):
         entries = _entries(q, k, v, off)
         out, lse = entries["forward"]["op fwd"]()
         assert out.shape == (12, 4, d)
-        dq, dk, dv = entries["backward"]["op bwd"]()
+        dq, dk, dv, _ = entries["backward"]["op bwd"]()
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
-        dq, dk, dv = entries["backward"]["pooled_bwd"]()
+        dq, dk, dv, _ = entries["backward"]["pooled_bwd"]()
         assert dq.shape == (3, 4, d) and dk.shape == k.shape and dv.shape == v.shape
 
 
@@ -319,7 +319,7 @@ def test_cuda_head_dims_the_hopper_kernels_serve_trace(d):
         q, k, v, off = _fake_cuda((d, d))
         out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto")
         assert out.shape == (12, 4, d) and out.device.type == "cuda"
-        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto")
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto")
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 

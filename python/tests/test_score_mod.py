@@ -268,8 +268,8 @@ def test_fake_kernels_check_the_modifiers():
         off = torch.zeros(3, dtype=torch.int32)
         out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, 30.0, None)
         assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
-        dq, dk, dv = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
-                                            torch.empty(4))
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(out, q, k, v, out, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False, 0.0,
+                                               torch.empty(4))
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         pooled_out, _ = torch.ops.jagflash.pooled_fwd(q[:3], k, v, off, 0, -1, -1, 0.0, "auto", 0, False, 5.0, None)
         assert pooled_out.shape == (6, 4, 64)
@@ -317,8 +317,8 @@ def test_fake_cuda_tensors_trace_with_the_modifiers(name):
         op_scalars = (30.0, None) if name == "softcap" else (0.0, slopes)
         out, lse = torch.ops.jagflash.fwd(q, k, v, off, off, 0, -1, -1, 0.0, "auto", 0, False, *op_scalars)
         assert out.shape == (12, 4, 64) and lse.shape == (4, 12)
-        dq, dk, dv = torch.ops.jagflash.bwd(q, q, k, v, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False,
-                                            *op_scalars)
+        dq, dk, dv, _ = torch.ops.jagflash.bwd(q, q, k, v, q, lse, off, off, 0, -1, -1, 0.0, "auto", 0, False,
+                                               *op_scalars)
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
         # Slopes on the wrong device are still refused, naming the argument.
         with pytest.raises(jagflash.InvalidArgumentError, match="^alibi_slopes"):

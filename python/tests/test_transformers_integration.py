@@ -5,8 +5,9 @@ generated data.
 
 - packed documents (position_ids restarts, or cu_seq_lens as DataCollatorWithFlattening gives
   them) against each document run alone with "eager": logits and every parameter's gradient;
-- a padded batch with an attention mask against "sdpa" ("eager" for Gemma-2: transformers' sdpa
-  path has no softcap);
+- a padded batch with an attention mask against "sdpa" ("eager" for Gemma-2 and gpt-oss:
+  transformers' sdpa path has no softcap and no attention sinks);
+- gpt-oss's attention sinks (s_aux) against its own eager attention, and in the models above;
 - ten optimizer steps of packed training against the same steps on the separate documents;
 - greedy decoding with a KV cache against "eager".
 
@@ -80,6 +81,12 @@ def _configs(head_dim):
         # softcap on the scores and a 4-token window on alternate layers
         "gemma2": lambda: transformers.Gemma2Config(head_dim=head_dim, sliding_window=4, attn_logit_softcapping=5.0,
                                                     query_pre_attn_scalar=head_dim, **shared),
+        # attention sinks (s_aux, a parameter per head) and a 4-token window on alternate layers; every
+        # expert routed (two of two), so that rounding cannot flip a token's experts
+        "gpt_oss": lambda: transformers.GptOssConfig(head_dim=head_dim, sliding_window=4, num_local_experts=2,
+                                                     num_experts_per_tok=2,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                                                     **shared),
     }
 
 
@@ -235,12 +242,17 @@ def test_packed_documents_match_eager_one_by_one(name, config_name, packing, dev
     _assert_hopper_ran(served)
 
 
+def _reference_attention(config_name):
+    """transformers' sdpa path drops Gemma-2's softcap and has no sinks (gpt-oss): its eager path
+    is the reference there."""
+    return "eager" if config_name in ("gemma2", "gpt_oss") else "sdpa"
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config_name", ["llama", "gemma2"])
+@pytest.mark.parametrize("config_name", ["llama", "gemma2", "gpt_oss"])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_padded_batch_matches_sdpa(name, config_name, side, device, served):
-    # transformers' sdpa path drops Gemma-2's softcap; its eager path is the reference there.
-    model, ref, anchor = _models(config_name, name, "eager" if config_name == "gemma2" else "sdpa", device)
+    model, ref, anchor = _models(config_name, name, _reference_attention(config_name), device)
     for m in (model, ref, anchor):
         if m is not None:
             m.config.pad_token_id = 0
@@ -265,9 +277,9 @@ def test_padded_batch_matches_sdpa(name, config_name, side, device, served):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config_name", ["llama", "gemma2"])
+@pytest.mark.parametrize("config_name", ["llama", "gemma2", "gpt_oss"])
 def test_packed_training_follows_separate_documents(name, config_name, device, served):
-    model, ref, anchor = _models(config_name, name, "eager" if config_name == "gemma2" else "sdpa", device)
+    model, ref, anchor = _models(config_name, name, _reference_attention(config_name), device)
     docs = _documents(seed=4, device=device)
     ids, position_ids, _ = _packed(docs)
     models = {"jagflash": model, "reference": ref}
@@ -358,10 +370,33 @@ def test_refuses_what_it_cannot_serve():
     with pytest.raises(jagflash.UnsupportedError, match=r"attention_mask: expected None or a 2D padding mask.*"
                                                         r"got a tensor of shape \(1, 1, 6, 6\)"):
         jf_transformers.attention_forward(module, q, kv, kv, torch.ones(1, 1, 6, 6, dtype=torch.bool))
-    with pytest.raises(jagflash.UnsupportedError, match=r"s_aux: expected None"):
-        jf_transformers.attention_forward(module, q, kv, kv, None, s_aux=torch.zeros(4))
+    with pytest.raises(jagflash.InvalidArgumentError, match=r"^s_aux: expected .* shape \(4,\)"):
+        jf_transformers.attention_forward(module, q, kv, kv, None, s_aux=torch.zeros(2))
     with pytest.raises(jagflash.InvalidArgumentError, match=r"cu_seq_lens_q, cu_seq_lens_k: expected both"):
         jf_transformers.attention_forward(module, q, kv, kv, None, cu_seq_lens_q=torch.tensor([0, 6]))
+
+
+def test_s_aux_are_attention_sinks():
+    """gpt-oss's s_aux against its own eager attention (the sinks as a softmax column without a
+    value): the output and the gradients of query, key, value and the sinks, at a padded batch."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    module.sinks = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, heads, 6, 16, generator=generator, requires_grad=True) for heads in (4, 2, 2))
+    keep = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    out, _ = jf_transformers.attention_forward(module, q, k, v, keep.long(), scaling=0.25, s_aux=module.sinks)
+    grads = torch.autograd.grad(out[keep].sum(), (q, k, v, module.sinks))
+    visible = torch.ones(6, 6, dtype=torch.bool).tril() & keep[:, None, None, :]
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    want, _ = eager_attention_forward(module, q, k, v, additive, scaling=0.25)
+    want_grads = torch.autograd.grad(want[keep].sum(), (q, k, v, module.sinks))
+    torch.testing.assert_close(out[keep], want[keep], atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[~keep], torch.zeros_like(out[~keep]))  # padded query rows: zeros
+    for got, expected, what in zip(grads, want_grads, ("query", "key", "value", "sinks")):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -26,7 +26,9 @@ What a model passes and what jagflash runs (the same cases as transformers' Flas
 - otherwise every row is one sequence.
 Causal masks are bottom-right aligned when queries are fewer than keys (a KV cache), as in
 transformers. sliding_window w sees the w - 1 previous tokens and itself (transformers' window
-counts the token itself); softcap and scaling are the module's.
+counts the token itself); softcap and scaling are the module's. s_aux, the attention sinks gpt-oss
+passes (one logit per query head, (num_heads,), the module's parameter), is jagflash's
+learnable_sink: it joins every row's softmax denominator and gets its gradient.
 """
 from typing import Any, Optional, Tuple
 
@@ -35,7 +37,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-from .._errors import invalid_argument, unsupported
+from .._errors import JagflashError, invalid_argument, reworded, unsupported
 from ..functional import jagged_attention
 
 NAME = "jagged_attention"
@@ -47,6 +49,18 @@ def register() -> str:
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, flash_attention_mask)
     return NAME
+
+
+# jagged_attention's names -> the attention interface's, so an error names what the model passed.
+_TRANSFORMERS_TERMS = ((r"^learnable_sink\b", "s_aux"),)
+
+
+def _attention(*args: Any, **options: Any) -> Tensor:
+    """jagged_attention (looked up when called: the tests wrap it), its errors in the interface's terms."""
+    try:
+        return jagged_attention(*args, **options)
+    except JagflashError as error:
+        raise reworded(error, _TRANSFORMERS_TERMS) from None
 
 
 def _int_hint(value: Any) -> Optional[int]:
@@ -120,8 +134,6 @@ def attention_forward(
     if dropout != 0:
         raise unsupported("dropout", "0.0: jagflash has no attention dropout (set the config's attention_dropout "
                                      "to 0.0)", repr(dropout))
-    if s_aux is not None:
-        raise unsupported("s_aux", "None: jagflash has no attention sinks yet", "a tensor")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     batch, heads, q_length, head_dim = query.shape
@@ -138,7 +150,7 @@ def attention_forward(
     else:
         window = (-1, 0 if is_causal else -1)
     options = dict(causal=bool(is_causal), window=window, scale=scaling,
-                   softcap=softcap if softcap is not None and softcap > 0 else None)
+                   softcap=softcap if softcap is not None and softcap > 0 else None, learnable_sink=s_aux)
 
     rows_q: Optional[Tensor] = None  # where each output row goes back to in [B * Sq], when unpadded
     if attention_mask is not None:
@@ -150,20 +162,19 @@ def attention_forward(
         kv_offsets = torch.cat([zero, keep_k.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
         q_offsets = torch.cat([zero, keep_q.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32)])
         q, k, v = q.index_select(0, rows_q), k.index_select(0, rows_k), v.index_select(0, rows_k)
-        out = jagged_attention(q, k, v, q_offsets, kv_offsets, **options)
+        out = _attention(q, k, v, q_offsets, kv_offsets, **options)
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
         if cu_seq_lens_q is None or cu_seq_lens_k is None:
             raise invalid_argument("cu_seq_lens_q, cu_seq_lens_k", "both tensors or both None",
                                    "only " + ("cu_seq_lens_q" if cu_seq_lens_q is not None else "cu_seq_lens_k"))
-        out = jagged_attention(q, k, v, cu_seq_lens_q, cu_seq_lens_k, max_seqlen_q=_int_hint(max_length_q),
-                               max_seqlen_kv=_int_hint(max_length_k), **options)
+        out = _attention(q, k, v, cu_seq_lens_q, cu_seq_lens_k, max_seqlen_q=_int_hint(max_length_q),
+                         max_seqlen_kv=_int_hint(max_length_k), **options)
     elif position_ids is not None and q_length == kv_length and q_length > 1:
         offsets = _offsets_from_position_ids(position_ids, batch)
-        out = jagged_attention(q, k, v, offsets, **options)
+        out = _attention(q, k, v, offsets, **options)
     else:
-        out = jagged_attention(q, k, v, _row_offsets(batch, q_length, q.device),
-                               _row_offsets(batch, kv_length, q.device), max_seqlen_q=q_length,
-                               max_seqlen_kv=kv_length, **options)
+        out = _attention(q, k, v, _row_offsets(batch, q_length, q.device), _row_offsets(batch, kv_length, q.device),
+                         max_seqlen_q=q_length, max_seqlen_kv=kv_length, **options)
 
     if rows_q is not None:
         # Padded query rows get zeros; index_copy carries the gradient to the kept rows.
