@@ -452,7 +452,14 @@ TEST(HopperKernels, TheNarrowestKernelWithTheVariantServesAHeadDim) {
   EXPECT_EQ(forward192->head_dim, 192);
   EXPECT_EQ(kernels::find_hopper_forward(JF_BF16, 192, JF_SCORE_MOD_SOFTCAP), nullptr);
   EXPECT_TRUE(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, false, 128)->padded);
-  EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_SOFTCAP), nullptr);
+  // The wide backward of 256 with softcap and ALiBi (unpadded: no padded modifier kernels), not
+  // with the relative bias.
+  const auto* softcap256 = kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_SOFTCAP);
+  ASSERT_NE(softcap256, nullptr);
+  EXPECT_EQ(softcap256->head_dim, 256);
+  EXPECT_FALSE(softcap256->padded);
+  EXPECT_NE(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_ALIBI), nullptr);
+  EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_RELATIVE_BIAS), nullptr);
   EXPECT_EQ(kernels::find_hopper_backward(JF_BF16, 256, JF_SCORE_MOD_NONE, true), nullptr);
   EXPECT_EQ(kernels::backward_block_n(128), 128);
   EXPECT_EQ(kernels::backward_block_n(64), 128);
