@@ -272,8 +272,8 @@ TEST(GpuHeadDims, RefusesWhatNoPathServes) {
   } cases[] = {
       {"softcap's backward at 192", 192, JF_BF16, true, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_AUTO,
        "problem.q.head_dim"},
-      {"softcap's backward at 256 on Hopper", 256, JF_BF16, true, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_HOPPER,
-       "launch.backend"},
+      {"softcap's backward at 224 on Hopper (no padded kernel with a modifier)", 224, JF_BF16, true,
+       JF_SCORE_MOD_SOFTCAP, JF_BACKEND_HOPPER, "launch.backend"},
       {"softcap at 80", 80, JF_BF16, false, JF_SCORE_MOD_SOFTCAP, JF_BACKEND_AUTO, "problem.q.head_dim"},
       {"fp32 at 80", 80, JF_FP32, false, JF_SCORE_MOD_NONE, JF_BACKEND_AUTO, "problem.q.head_dim"},
       {"the oracle at 96", 96, JF_BF16, false, JF_SCORE_MOD_NONE, JF_BACKEND_ORACLE, "problem.q.head_dim"},

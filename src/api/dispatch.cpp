@@ -192,9 +192,10 @@ const kernels::HopperBackwardEntry* hopper_backward_for(const jf_problem& p, con
           ? nullptr
           : kernels::find_hopper_backward(p.dtype, p.q.head_dim, p.score_mod, p.block_mask.blocks != nullptr,
                                           p.v.head_dim),
-      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 for the backward (64 or "
-      "128 with a score modifier or a block mask; as instantiated in this build; head dim 256 with a score "
-      "modifier is served by the oracle)");
+      "JF_BACKEND_HOPPER with bf16/fp16 and a head dim up to 256 for the backward (64 or 128 with a score "
+      "modifier or a block mask, 256 with softcap or ALiBi; as instantiated in this build; head dim 256 with "
+      "a "
+      "relative bias is served by the oracle)");
 }
 const kernels::HopperBackwardEntry* hopper_backward_for(const jf_bwd_args& a) {
   return hopper_backward_for(a.problem, a.launch);

@@ -322,7 +322,16 @@ SampleCheck check_sample_against_reference(const GpuBatch& g, const std::vector<
     for (size_t h = 0; h < ref_dsink.size(); ++h) {
       diff = std::max(diff, std::abs(double(gpu_dsink[h]) - ref_dsink[h]));
       if (std::isnan(gpu_dsink[h])) diff = NAN;
-      scale = std::max(scale, std::abs(double(ref_dsink[h])));
+      double magnitude = 0;  // sum_i exp(s_h - lse_i) |rowsum(dout_i * out_i)|, from the reference's
+      for (int64_t i = 0; i < sample_q; ++i) {
+        const float lse_i = ref_lse[h * static_cast<size_t>(sample_q) + static_cast<size_t>(i)];
+        if (std::isinf(lse_i)) continue;
+        double delta_i = 0;
+        for (int d = 0; d < dv; ++d)
+          delta_i += ref_out.get(i, static_cast<int>(h), d) * dout.get(i, static_cast<int>(h), d);
+        magnitude += std::exp(double(s.learnable_sink[h]) - lse_i) * std::abs(delta_i);
+      }
+      scale = std::max(scale, magnitude);
     }
     c.dsink_rel = diff / std::max(scale, 1e-30);
   }

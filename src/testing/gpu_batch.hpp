@@ -72,7 +72,9 @@ void poison_outputs(GpuBatch& batch);
 struct SampleCheck {
   double out_rel = 0, lse_max_abs = 0, dq_rel = 0, dk_rel = 0, dv_rel = 0;
   // With sinks and a sample of every sequence: the largest |d sink - reference| over the heads,
-  // relative to the largest |reference d sink| (else 0).
+  // relative to the largest sum of its terms' magnitudes, sum_i exp(s_h - lse_i) |delta_i| (d sink
+  // is a sum of signed terms, each moved by the rounding of out: relative to |d sink| itself a
+  // cancelling sum would fail any tolerance); else 0.
   double dsink_rel = 0;
   bool lse_inf_match = true;  // -inf exactly where the reference has -inf
   bool finite = true;         // no NaN left (an unwritten output) in the sampled rows
