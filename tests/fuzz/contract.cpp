@@ -91,6 +91,7 @@ class Judge {
     }
     if (!std::isfinite(p.scale)) add("problem.scale", "finite");
     score_mod(p);
+    sinks(p);
 
     const int offsets_check = enum_value(l.offsets_check);
     if (offsets_check != JF_CHECK_OFFSETS_HOST && offsets_check != JF_CHECK_OFFSETS_DEVICE)
@@ -139,7 +140,7 @@ class Judge {
 
   // The score modifier: a jf_score_mod value; with SOFTCAP a cap that is finite and > 0, else a
   // cap of 0; with ALIBI slopes that are non-null, float-aligned and (on the GPU) device memory,
-  // else NULL. Their values: slope_values.
+  // else NULL. Their values: head_values.
   void score_mod(const jf_problem& p) {
     const int kind = enum_value(p.score_mod);
     if (!ScoreModTypes::contains(static_cast<jf_score_mod>(kind))) {
@@ -182,19 +183,34 @@ class Judge {
     }
   }
 
-  // On the CPU the slopes' values must be finite. The library reads them last, once every other
-  // rule holds, so they are read here only then, and only where memory backs them (an unbacked
-  // call gets broken offsets, which the library reads first); a workspace query never reads them
-  // (a values rule, as the offsets').
-  void slope_values(const jf_problem& p) {
-    if (!verdict_.violations.empty() || device_ != JF_DEVICE_CPU ||
-        enum_value(p.score_mod) != JF_SCORE_MOD_ALIBI)
-      return;
-    for (int32_t h = 0; h < p.q.heads; ++h)
-      if (!std::isfinite(p.alibi_slopes[h])) {
-        add("problem.alibi_slopes", "finite values on the CPU", JF_ERR_INVALID_ARGUMENT, true);
-        return;
-      }
+  // The learnable sinks: NULL (none), or one float32 per query head, 4-byte aligned and (on the
+  // GPU) device memory, whatever the modifier. Their values: head_values.
+  void sinks(const jf_problem& p) {
+    if (reinterpret_cast<uintptr_t>(p.learnable_sink) % alignof(float) != 0)
+      add("problem.learnable_sink", "4-byte aligned (float32)");
+    pointer("problem.learnable_sink", p.learnable_sink);
+  }
+
+  // The backward's dlearnable_sink: NULL (not wanted), or, with sinks only, one float32 per query
+  // head, 4-byte aligned and (on the GPU) device memory. Where it may lie: disjoint().
+  void sink_gradient(const jf_bwd_args& a) {
+    if (a.dlearnable_sink != nullptr && a.problem.learnable_sink == nullptr)
+      add("dlearnable_sink", "NULL without problem.learnable_sink");
+    if (reinterpret_cast<uintptr_t>(a.dlearnable_sink) % alignof(float) != 0)
+      add("dlearnable_sink", "4-byte aligned (float32)");
+    pointer("dlearnable_sink", a.dlearnable_sink);
+  }
+
+  // On the CPU the sinks' and the slopes' values must be finite (a sink of +inf would zero every
+  // row, one of -inf is no sink). The library reads them last, once every other rule holds, so
+  // they are read here only then, and only where memory backs them (an unbacked call gets broken
+  // offsets, which the library reads first); a workspace query never reads them (a values rule,
+  // as the offsets').
+  void head_values(const jf_problem& p) {
+    if (!verdict_.violations.empty() || device_ != JF_DEVICE_CPU) return;
+    if (p.learnable_sink != nullptr) finite_per_head("problem.learnable_sink", p.learnable_sink, p.q.heads);
+    if (enum_value(p.score_mod) == JF_SCORE_MOD_ALIBI)
+      finite_per_head("problem.alibi_slopes", p.alibi_slopes, p.q.heads);
   }
 
   Span span(const jf_tensor& t) const {
@@ -214,10 +230,11 @@ class Judge {
     const auto b = reinterpret_cast<uintptr_t>(lse);
     return {b, b + static_cast<uintptr_t>(bytes)};
   }
-  // ALiBi's slopes, one float per query head: an input like q (outputs must not overlap them).
-  Span alibi_span(const jf_problem& p) const {
-    if (p.alibi_slopes == nullptr || p.q.heads <= 0) return {};
-    const auto b = reinterpret_cast<uintptr_t>(p.alibi_slopes);
+  // One float per query head: ALiBi's slopes and the sinks (inputs like q, which outputs must not
+  // overlap), the sinks' gradient (an output).
+  Span head_floats_span(const float* f, const jf_problem& p) const {
+    if (f == nullptr || p.q.heads <= 0) return {};
+    const auto b = reinterpret_cast<uintptr_t>(f);
     return {b, b + static_cast<uintptr_t>(p.q.heads) * sizeof(float)};
   }
   Span offsets_span(const int32_t* o, int32_t batch_size) const {
@@ -249,6 +266,14 @@ class Judge {
   }
 
  private:
+  void finite_per_head(const char* name, const float* values, int32_t heads) {
+    for (int32_t h = 0; h < heads; ++h)
+      if (!std::isfinite(values[h])) {
+        add(name, "finite values on the CPU", JF_ERR_INVALID_ARGUMENT, true);
+        return;
+      }
+  }
+
   // Offsets: int32 [B+1] (4-byte aligned), [0] == 0, non-decreasing, [B] == the row count.
   void offsets(const std::string& name, const int32_t* o, int32_t batch_size, int64_t rows) {
     if (o == nullptr) {
@@ -337,8 +362,9 @@ Verdict judge_forward(const jf_fwd_args* a, bool bytes_null, bool gpu_present, b
               {"problem.v", j.span(p.v)},
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
               {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
-              {"problem.alibi_slopes", j.alibi_span(p)}});
-  if (backed) j.slope_values(p);
+              {"problem.alibi_slopes", j.head_floats_span(p.alibi_slopes, p)},
+              {"problem.learnable_sink", j.head_floats_span(p.learnable_sink, p)}});
+  if (backed) j.head_values(p);
   return j.take();
 }
 
@@ -356,7 +382,11 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present, 
   j.tensor("dv", a->dv, p.k.rows, p.k.heads, p.v.head_dim);
   if (a->lse == nullptr && j.out_rows(p) > 0) j.add("lse", "the forward's lse (required)");
   j.lse(a->lse);
-  j.disjoint({{"dq", j.span(a->dq)}, {"dk", j.span(a->dk)}, {"dv", j.span(a->dv)}},
+  j.sink_gradient(*a);
+  j.disjoint({{"dq", j.span(a->dq)},
+              {"dk", j.span(a->dk)},
+              {"dv", j.span(a->dv)},
+              {"dlearnable_sink", j.head_floats_span(a->dlearnable_sink, p)}},
              {{"problem.q", j.span(p.q)},
               {"problem.k", j.span(p.k)},
               {"problem.v", j.span(p.v)},
@@ -365,8 +395,9 @@ Verdict judge_backward(const jf_bwd_args* a, bool bytes_null, bool gpu_present, 
               {"lse", j.lse_span(a->lse, p)},
               {"problem.q_offsets", j.offsets_span(p.q_offsets, p.batch_size)},
               {"problem.kv_offsets", j.offsets_span(p.kv_offsets, p.batch_size)},
-              {"problem.alibi_slopes", j.alibi_span(p)}});
-  if (backed) j.slope_values(p);
+              {"problem.alibi_slopes", j.head_floats_span(p.alibi_slopes, p)},
+              {"problem.learnable_sink", j.head_floats_span(p.learnable_sink, p)}});
+  if (backed) j.head_values(p);
   return j.take();
 }
 

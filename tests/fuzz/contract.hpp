@@ -32,7 +32,8 @@ struct Verdict {
 
 // `bytes_null`: the workspace query is given no output pointer (the call has none; pass false).
 // `gpu_present`: whether the process sees a CUDA device (JF_DEVICE_CUDA is then allowed).
-// `backed`: whether memory backs every pointer (the ALiBi slopes' values are read only then).
+// `backed`: whether memory backs every pointer (the sinks' and ALiBi slopes' values are read only
+// then).
 Verdict judge_forward(const jf_fwd_args* args, bool bytes_null, bool gpu_present, bool backed);
 Verdict judge_backward(const jf_bwd_args* args, bool bytes_null, bool gpu_present, bool backed);
 

@@ -80,6 +80,22 @@ std::vector<float> alibi_slopes_for(int32_t heads) {
   return slopes;
 }
 
+// Sink logits for H heads, one per query head, of the size gpt-oss learns (a few units either
+// side of 0); at least one value, at most kMaxAlibiSlopes, as the slopes.
+std::vector<float> sink_values_for(int32_t heads, Rng& rng) {
+  std::vector<float> sinks(static_cast<size_t>(std::clamp<int32_t>(heads, 1, kMaxAlibiSlopes)));
+  for (float& x : sinks) x = static_cast<float>(rng.range(-4000, 4000)) / 1000.0f;
+  return sinks;
+}
+
+// The sinks (and so their gradient, as many floats) sized for q's heads: a mutation that places
+// either one places H of them, which no check could see it do otherwise.
+void size_sinks_for_heads(CaseSpec& s, Rng& rng) {
+  const int32_t heads = s.tensors[kQ].heads;
+  if (s.sinks.size() < static_cast<size_t>(std::clamp<int32_t>(heads, 1, kMaxAlibiSlopes)))
+    s.sinks = sink_values_for(heads, rng);
+}
+
 std::string placement_text(const Placement& p) {
   std::ostringstream s;
   switch (p.kind) {
@@ -98,6 +114,18 @@ std::string placement_text(const Placement& p) {
       break;
   }
   return s.str();
+}
+
+std::string sink_gradient_text(const CaseSpec& s) {
+  switch (s.sink_gradient_alias) {
+    case SinkGradientAlias::kSinks:
+      return "= problem.learnable_sink";
+    case SinkGradientAlias::kSlopes:
+      return "= problem.alibi_slopes";
+    case SinkGradientAlias::kNone:
+      break;
+  }
+  return placement_text(s.sink_gradient_place);
 }
 
 std::string tensor_text(const jf_tensor& t) {
@@ -524,6 +552,86 @@ void mutate_score_mod(CaseSpec& s, Rng& rng) {
   s.mutations.push_back(m.str());
 }
 
+// A per-head float array's pointer (the sinks, their gradient): NULL, misaligned (or, by 0,
+// valid), wild or inside a buffer (its start, inside, or adjacent past its end).
+Placement head_floats_placement(const CaseSpec& s, Rng& rng) {
+  switch (rng.range(0, 3)) {
+    case 0:
+      return Placement{Placement::kNull};
+    case 1:
+      return Placement{Placement::kOwn, -1, rng.pick<int64_t>({0, 1, 2, 3})};
+    case 2:
+      return Placement{Placement::kWild};
+    default: {
+      const int target = pick_buffer(s, rng, -1);
+      return Placement{Placement::kInto, target, offset_into(s, target, 4, rng)};
+    }
+  }
+}
+
+// Sink values: not finite (refused on the CPU), in one head or all, or finite extremes (accepted:
+// a sink of -1e30 is no sink, one of 1e30 takes every row's whole softmax).
+void break_sink_values(CaseSpec& s, Rng& rng) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float value = rng.pick({std::numeric_limits<float>::quiet_NaN(), inf, -inf, 1e30f, -1e30f, -0.0f});
+  if (rng.chance(50))
+    std::fill(s.sinks.begin(), s.sinks.end(), value);
+  else
+    s.sinks[static_cast<size_t>(rng.range(0, static_cast<int64_t>(s.sinks.size()) - 1))] = value;
+}
+
+// The learnable sinks (jf_problem.learnable_sink) and the backward's dlearnable_sink: the sinks
+// NULL, misaligned, wild or inside another buffer, values that are not finite; their gradient
+// asked for without sinks, misaligned, wild, inside a buffer or over an input array (an output
+// over an input); or (legally) valid sinks, with or without their gradient.
+void mutate_sinks(CaseSpec& s, Rng& rng) {
+  size_sinks_for_heads(s, rng);
+  const bool backward = s.direction == Direction::kBackward;
+  std::ostringstream m;
+  switch (rng.range(0, 4)) {
+    case 0:
+      s.sink_place = head_floats_placement(s, rng);
+      m << "problem.learnable_sink -> " << placement_text(s.sink_place);
+      break;
+    case 1:
+      // Placed, so that the values are read.
+      if (s.sink_place.kind == Placement::kNull) s.sink_place = Placement{Placement::kOwn};
+      break_sink_values(s, rng);
+      m << "problem.learnable_sink values = " << floats_text(s.sinks) << " " << placement_text(s.sink_place)
+        << " (read on the CPU: finite only)";
+      break;
+    case 2:
+      if (!backward) return mutate_sinks(s, rng);  // a forward has no dlearnable_sink
+      // With sinks, so that the gradient's own rules are what is tried (without: the last case).
+      if (s.sink_place.kind == Placement::kNull) s.sink_place = Placement{Placement::kOwn};
+      s.sink_gradient_alias = rng.chance(75)
+                                  ? SinkGradientAlias::kNone
+                                  : rng.pick({SinkGradientAlias::kSinks, SinkGradientAlias::kSlopes});
+      s.sink_gradient_place = head_floats_placement(s, rng);
+      m << "dlearnable_sink -> " << sink_gradient_text(s) << " (problem.learnable_sink "
+        << placement_text(s.sink_place) << ")";
+      break;
+    case 3:
+      s.sinks = sink_values_for(s.tensors[kQ].heads, rng);
+      s.sink_place = Placement{Placement::kOwn};
+      s.sink_gradient_alias = SinkGradientAlias::kNone;
+      s.sink_gradient_place = Placement{backward && rng.chance(50) ? Placement::kOwn : Placement::kNull};
+      m << "sinks: " << s.sinks.size() << " valid values"
+        << (s.sink_gradient_place.kind == Placement::kOwn ? ", with their gradient" : "");
+      break;
+    default:
+      s.sink_place = Placement{Placement::kNull};
+      if (backward) {
+        s.sink_gradient_alias = SinkGradientAlias::kNone;
+        s.sink_gradient_place = Placement{Placement::kOwn};
+      }
+      m << "problem.learnable_sink = NULL"
+        << (backward ? ", dlearnable_sink -> own (no sink to differentiate)" : "");
+      break;
+  }
+  s.mutations.push_back(m.str());
+}
+
 void mutate_api(CaseSpec& s, Rng& rng) {
   if (rng.chance(50)) {
     s.args_null = true;
@@ -544,7 +652,7 @@ const WeightedMutation kMutations[] = {
     {7, mutate_rows},        {6, mutate_heads},           {5, mutate_head_dim},
     {7, mutate_head_stride}, {7, mutate_row_stride},      {10, mutate_data},
     {6, mutate_lse},         {5, mutate_launch},          {1, mutate_api},
-    {3, mutate_pooled},      {4, mutate_score_mod},
+    {3, mutate_pooled},      {4, mutate_score_mod},       {4, mutate_sinks},
 };
 
 void mutate(CaseSpec& s, Rng& rng) {
@@ -663,6 +771,17 @@ CaseSpec generate_case(Rng& rng) {
     s.alibi_place = Placement{Placement::kOwn};
     layout += ", ALiBi";
   }
+  // Learnable sinks in a fifth of the calls, one logit per query head; a backward with them asks
+  // for their gradient in two of three (jagflash.h, jf_problem.learnable_sink).
+  if (rng.chance(20)) {
+    s.sinks = sink_values_for(h, rng);
+    s.sink_place = Placement{Placement::kOwn};
+    layout += ", sinks";
+    if (s.direction == Direction::kBackward && rng.chance(67)) {
+      s.sink_gradient_place = Placement{Placement::kOwn};
+      layout += " and their gradient";
+    }
+  }
 
   s.mask = rng.pick({JF_MASK_NONE, JF_MASK_NONE, JF_MASK_CAUSAL, JF_MASK_WINDOW});
   if (s.mask == JF_MASK_WINDOW) {
@@ -705,6 +824,80 @@ CaseSpec simple_case(Direction direction, const char* what) {
            " bf16 H 4 H_kv 2 D 64 q lengths [3,5] kv lengths [4,2] (regression case)";
   s.mutations.push_back(what);
   return s;
+}
+
+// H 4 sinks at `place` (of these values): the simple case's learnable_sink.
+CaseSpec sink_case(Direction direction, const char* what, Placement place,
+                   std::vector<float> values = {0.5f, -1.0f, 2.0f, 0.0f}) {
+  CaseSpec s = simple_case(direction, what);
+  s.sinks = std::move(values);
+  s.sink_place = place;
+  return s;
+}
+
+// The sinks' rules, one case each (jagflash.h: learnable_sink, H float32 read like an input and
+// finite on the CPU; the backward's dlearnable_sink, H float32 written like an output, only with
+// sinks), valid and broken.
+void add_sink_cases(std::vector<CaseSpec>& cases) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const Placement own{Placement::kOwn};
+  for (Direction d : {Direction::kForward, Direction::kBackward}) {
+    const int output = d == Direction::kForward ? kOut : kDq;
+    cases.push_back(sink_case(d, "sinks (valid)", own));
+    cases.push_back(sink_case(d, "problem.learnable_sink -> own+2B", Placement{Placement::kOwn, -1, 2}));
+    cases.push_back(
+        sink_case(d, "problem.learnable_sink -> wild (views not backed)", Placement{Placement::kWild}));
+    cases.push_back(sink_case(d, "problem.learnable_sink[1] = NaN", own, {0.5f, nan, 2.0f, 0.0f}));
+    cases.push_back(sink_case(d, "problem.learnable_sink = +inf", own, {inf, inf, inf, inf}));
+    cases.push_back(sink_case(d, "problem.learnable_sink[3] = -inf", own, {0.5f, -1.0f, 2.0f, -inf}));
+    cases.push_back(
+        sink_case(d, "problem.learnable_sink = -1e30 (valid: no sink)", own, std::vector<float>(4, -1e30f)));
+    cases.push_back(sink_case(d, "problem.learnable_sink -> into an output (overlap)",
+                              Placement{Placement::kInto, output, 0}));
+    cases.push_back(sink_case(d, "problem.learnable_sink -> into problem.q (inputs may alias)",
+                              Placement{Placement::kInto, kQ, 64}));
+    cases.push_back(
+        sink_case(d, "problem.learnable_sink -> into lse (the forward's output, the backward's input)",
+                  Placement{Placement::kInto, kLse, 4}));
+    CaseSpec c = sink_case(d, "sinks with ALiBi (valid)", own);
+    c.score_mod = JF_SCORE_MOD_ALIBI;
+    c.alibi_slopes = alibi_slopes_for(4);
+    c.alibi_place = own;
+    cases.push_back(c);
+  }
+  const Direction bwd = Direction::kBackward;
+  auto gradient = [&](const char* what, Placement sinks, Placement place,
+                      SinkGradientAlias alias = SinkGradientAlias::kNone) {
+    CaseSpec c = sink_case(bwd, what, sinks);
+    c.sink_gradient_place = place;
+    c.sink_gradient_alias = alias;
+    return c;
+  };
+  const Placement none{Placement::kNull};
+  cases.push_back(gradient("sinks and dlearnable_sink (valid)", own, own));
+  cases.push_back(gradient("dlearnable_sink without sinks", none, own));
+  cases.push_back(gradient("dlearnable_sink -> own+2B", own, Placement{Placement::kOwn, -1, 2}));
+  cases.push_back(gradient("dlearnable_sink -> wild (views not backed)", own, Placement{Placement::kWild}));
+  cases.push_back(gradient("dlearnable_sink = problem.learnable_sink", own, none, SinkGradientAlias::kSinks));
+  cases.push_back(gradient("dlearnable_sink -> into lse", own, Placement{Placement::kInto, kLse, 0}));
+  cases.push_back(gradient("dlearnable_sink -> into out", own, Placement{Placement::kInto, kOut, 8}));
+  cases.push_back(gradient("dlearnable_sink -> into problem.q", own, Placement{Placement::kInto, kQ, 0}));
+  cases.push_back(gradient("dlearnable_sink -> into dq", own, Placement{Placement::kInto, kDq, 64}));
+  // dq [8, 4, 64] bf16 packed: 4096 bytes; just past them, disjoint.
+  cases.push_back(
+      gradient("dlearnable_sink -> right after dq (valid)", own, Placement{Placement::kInto, kDq, 4096}));
+  CaseSpec c = gradient("dlearnable_sink = problem.alibi_slopes", own, none, SinkGradientAlias::kSlopes);
+  c.score_mod = JF_SCORE_MOD_ALIBI;
+  c.alibi_slopes = alibi_slopes_for(4);
+  c.alibi_place = own;
+  cases.push_back(c);
+  c = gradient("sinks and dlearnable_sink, pooled Lq 2 (valid)", own, own);
+  c.pooled_q_rows = 2;
+  c.q_offsets_place = none;
+  for (int b : {kQ, kDq}) c.tensors[b].rows = 2;
+  for (int b : {kOut, kDout}) c.tensors[b].rows = 4;
+  cases.push_back(c);
 }
 
 }  // namespace
@@ -792,6 +985,7 @@ std::vector<CaseSpec> regression_cases() {
     cases.push_back(alibi("problem.alibi_slopes -> into problem.q (inputs may alias)", JF_SCORE_MOD_ALIBI,
                           Placement{Placement::kInto, kQ, 64}));
   }
+  add_sink_cases(cases);
   return cases;
 }
 
@@ -810,8 +1004,11 @@ std::string CaseSpec::describe() const {
   m << "\n  final: dtype " << dtype << " device " << device << " mask " << mask << " window (" << window_left
     << ", " << window_right << ") scale " << scale << " batch_size " << batch_size << " pooled_q_rows "
     << pooled_q_rows << "\n    score_mod " << score_mod << " softcap " << softcap << " alibi_slopes "
-    << floats_text(alibi_slopes) << " " << placement_text(alibi_place) << "\n    q_offsets "
-    << values_text(q_offsets) << " " << placement_text(q_offsets_place) << "\n    kv_offsets "
+    << floats_text(alibi_slopes) << " " << placement_text(alibi_place) << "\n    learnable_sink "
+    << floats_text(sinks) << " " << placement_text(sink_place) << ", dlearnable_sink "
+    << (direction == Direction::kBackward ? sink_gradient_text(*this) : "(forward: none)")
+    << "\n    q_offsets " << values_text(q_offsets) << " " << placement_text(q_offsets_place)
+    << "\n    kv_offsets "
     << (kv_offsets_alias_q ? "= q_offsets"
                            : values_text(kv_offsets) + " " + placement_text(kv_offsets_place));
   for (int b = 0; b < kTensorCount; ++b)
@@ -873,15 +1070,25 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
     if (spec.batch_size >= 0 && offsets_values[i]->size() < static_cast<size_t>(spec.batch_size) + 1)
       backed_ = false;
   }
-  // The slopes: H floats read when the modifier is ALiBi (and never otherwise).
-  const size_t slope_bytes = spec.alibi_slopes.size() * sizeof(float);
-  if (spec.alibi_place.kind == Placement::kInto)
-    grow(spec.alibi_place.target, spec.alibi_place.byte_offset, static_cast<int64_t>(slope_bytes));
+  // The per-head float arrays: a region that one points into grows to hold it; the call is not
+  // backed when one it accesses (reads or writes H floats at) is wild or holds fewer than H.
   const int32_t heads = spec.tensors[kQ].heads;
-  if (spec.score_mod == JF_SCORE_MOD_ALIBI && spec.alibi_place.kind != Placement::kNull &&
-      (spec.alibi_place.kind == Placement::kWild ||
-       (heads > 0 && spec.alibi_slopes.size() < static_cast<size_t>(heads))))
-    backed_ = false;
+  auto head_floats = [&](const Placement& p, size_t bytes, bool accessed) {
+    if (p.kind == Placement::kInto) grow(p.target, p.byte_offset, static_cast<int64_t>(bytes));
+    if (accessed && p.kind != Placement::kNull &&
+        (p.kind == Placement::kWild || (heads > 0 && bytes < static_cast<size_t>(heads) * sizeof(float))))
+      backed_ = false;
+  };
+  // The slopes: read when the modifier is ALiBi (and never otherwise); the sinks: read whenever
+  // set; their gradient: written by a backward, as many floats as the sinks have (an alias of an
+  // input array is never a valid call, so never written).
+  const size_t slope_bytes = spec.alibi_slopes.size() * sizeof(float);
+  const size_t sink_bytes = spec.sinks.size() * sizeof(float);
+  const bool own_sink_gradient =
+      dir == Direction::kBackward && spec.sink_gradient_alias == SinkGradientAlias::kNone;
+  head_floats(spec.alibi_place, slope_bytes, spec.score_mod == JF_SCORE_MOD_ALIBI);
+  head_floats(spec.sink_place, sink_bytes, true);
+  if (own_sink_gradient) head_floats(spec.sink_gradient_place, sink_bytes, true);
 
   size_t cursor = 0;
   for (int b = 0; b < kBufferCount; ++b) {
@@ -919,23 +1126,22 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   }
   if (spec.kv_offsets_alias_q) offsets_pointers[1] = offsets_pointers[0];
 
-  // The slopes: an exact-size block (misaligned by its offset), inside a region, wild or NULL.
-  const float* slopes = nullptr;
+  // The slopes, the sinks and the sinks' gradient (its bytes left as the pattern made them).
   alibi_block_.name = "problem.alibi_slopes array";
-  const Placement& ap = spec.alibi_place;
-  if (ap.kind == Placement::kOwn) {
-    alibi_block_.size = slope_bytes + static_cast<size_t>(ap.byte_offset);
-    alibi_block_.data.reset(new unsigned char[alibi_block_.size]);
-    fill_pattern(alibi_block_.data.get(), alibi_block_.size, pattern_seed + 6);
-    std::memcpy(alibi_block_.data.get() + ap.byte_offset, spec.alibi_slopes.data(), slope_bytes);
-    slopes = reinterpret_cast<const float*>(alibi_block_.data.get() + ap.byte_offset);
-  } else if (ap.kind == Placement::kInto) {
-    if (static_cast<size_t>(ap.byte_offset) + slope_bytes > region_bytes_[ap.target]) std::abort();
-    std::memcpy(region_start(ap.target) + ap.byte_offset, spec.alibi_slopes.data(), slope_bytes);
-    slopes = reinterpret_cast<const float*>(region_start(ap.target) + ap.byte_offset);
-  } else if (ap.kind == Placement::kWild) {
-    slopes = static_cast<const float*>(place_pointer(ap, kBufferCount));  // its own wild address
-  }
+  sink_block_.name = "problem.learnable_sink array";
+  sink_gradient_block_.name = "dlearnable_sink array";
+  const auto* slopes = reinterpret_cast<const float*>(place_array(
+      alibi_block_, spec.alibi_place, slope_bytes, spec.alibi_slopes.data(), pattern_seed + 6, kBufferCount));
+  const auto* sinks = reinterpret_cast<const float*>(place_array(
+      sink_block_, spec.sink_place, sink_bytes, spec.sinks.data(), pattern_seed + 7, kBufferCount + 1));
+  float* sink_gradient = nullptr;
+  if (own_sink_gradient)
+    sink_gradient =
+        reinterpret_cast<float*>(place_array(sink_gradient_block_, spec.sink_gradient_place, sink_bytes,
+                                             nullptr, pattern_seed + 8, kBufferCount + 2));
+  else if (dir == Direction::kBackward)
+    sink_gradient =
+        const_cast<float*>(spec.sink_gradient_alias == SinkGradientAlias::kSinks ? sinks : slopes);
 
   stream_block_.name = "launch.stream object";
   if (spec.stream_garbage) {
@@ -968,6 +1174,7 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   set_enum(p.score_mod, spec.score_mod);
   p.softcap = spec.softcap;
   p.alibi_slopes = slopes;
+  p.learnable_sink = sinks;
   jf_launch l{};
   l.stream = spec.stream_garbage ? stream_block_.data.get() : nullptr;
   set_enum(l.offsets_check, spec.offsets_check);
@@ -989,7 +1196,34 @@ CallMemory::CallMemory(const CaseSpec& spec, uint64_t pattern_seed) : pattern_se
   bwd_.dq = t[kDq];
   bwd_.dk = t[kDk];
   bwd_.dv = t[kDv];
+  bwd_.dlearnable_sink = sink_gradient;
   bwd_.launch = l;
+}
+
+// An array of `bytes` bytes where `p` puts it: an exact-size block of its own (misaligned by the
+// placement's offset), inside a region (grown to hold it), at a wild address of its own
+// (`wild_slot`) or NULL; `values`, when given, copied in.
+unsigned char* CallMemory::place_array(Block& block, const Placement& p, size_t bytes, const void* values,
+                                       uint64_t pattern_seed, int wild_slot) {
+  unsigned char* at = nullptr;
+  switch (p.kind) {
+    case Placement::kOwn:
+      block.size = bytes + static_cast<size_t>(p.byte_offset);
+      block.data.reset(new unsigned char[block.size]);
+      fill_pattern(block.data.get(), block.size, pattern_seed);
+      at = block.data.get() + p.byte_offset;
+      break;
+    case Placement::kInto:
+      if (static_cast<size_t>(p.byte_offset) + bytes > region_bytes_[p.target]) std::abort();
+      at = region_start(p.target) + p.byte_offset;
+      break;
+    case Placement::kWild:
+      return static_cast<unsigned char*>(place_pointer(p, wild_slot));
+    case Placement::kNull:
+      return nullptr;
+  }
+  if (values != nullptr && bytes > 0) std::memcpy(at, values, bytes);
+  return at;
 }
 
 // Computed as integers: a pointer that is meant to lie outside any allocation (a view too large to
@@ -1047,8 +1281,7 @@ void CallMemory::attach_workspace(const CaseSpec& spec, size_t queried) {
 
 void CallMemory::snapshot() {
   arena_saved_ = arena_storage_;
-  for (Block* b : {&q_offsets_block_, &kv_offsets_block_, &alibi_block_, &workspace_block_, &stream_block_})
-    b->saved.assign(b->data.get(), b->data.get() + b->size);
+  for (Block* b : blocks(*this)) b->saved.assign(b->data.get(), b->data.get() + b->size);
   std::memcpy(bytes_saved_, bytes_block_.get(), sizeof bytes_saved_);
 }
 
@@ -1080,7 +1313,36 @@ void CallMemory::mark_outputs(Direction direction, std::vector<unsigned char>& w
     mark_view(bwd_.dq);
     mark_view(bwd_.dk);
     mark_view(bwd_.dv);
+    if (bwd_.dlearnable_sink != nullptr)
+      mark(reinterpret_cast<const unsigned char*>(bwd_.dlearnable_sink), sink_gradient_bytes());
   }
+}
+
+// What a backward that asks for the sinks' gradient writes there: one float per query head.
+size_t CallMemory::sink_gradient_bytes() const {
+  return static_cast<size_t>(std::max(bwd_.problem.q.heads, 0)) * sizeof(float);
+}
+
+// [begin, end) of the bytes of block `b` that a successful call may write: the workspace's
+// (`workspace`), the backward's sink gradient where that block holds it (`outputs`).
+std::pair<size_t, size_t> CallMemory::writable_bytes(const Block& b, Direction direction, bool outputs,
+                                                     bool workspace) const {
+  if (b.size == 0) return {0, 0};
+  const auto begin = reinterpret_cast<uintptr_t>(b.data.get());
+  auto offset_in_block = [&](const void* p) {
+    return static_cast<size_t>(reinterpret_cast<uintptr_t>(p) - begin);
+  };
+  if (workspace && &b == &workspace_block_ && fwd_.launch.workspace != nullptr) {
+    const size_t at = offset_in_block(fwd_.launch.workspace);
+    return {at, at + fwd_.launch.workspace_bytes};
+  }
+  const auto gradient = reinterpret_cast<uintptr_t>(bwd_.dlearnable_sink);
+  if (outputs && direction == Direction::kBackward && &b == &sink_gradient_block_ && gradient >= begin &&
+      gradient < begin + b.size) {
+    const size_t at = offset_in_block(bwd_.dlearnable_sink);
+    return {at, at + sink_gradient_bytes()};
+  }
+  return {0, 0};
 }
 
 std::string CallMemory::region_of(size_t storage_offset) const {
@@ -1109,13 +1371,8 @@ std::string CallMemory::changed(Direction direction, bool outputs, bool query_re
     for (size_t i = 0; i < arena_storage_.size(); ++i)
       if (arena_storage_[i] != arena_saved_[i] && !writable[i]) return region_of(i);
   }
-  for (const Block* b :
-       {&q_offsets_block_, &kv_offsets_block_, &alibi_block_, &workspace_block_, &stream_block_}) {
-    size_t allowed_begin = 0, allowed_end = 0;
-    if (workspace && b == &workspace_block_ && fwd_.launch.workspace != nullptr) {
-      allowed_begin = static_cast<size_t>(static_cast<unsigned char*>(fwd_.launch.workspace) - b->data.get());
-      allowed_end = allowed_begin + fwd_.launch.workspace_bytes;
-    }
+  for (const Block* b : blocks(*this)) {
+    const auto [allowed_begin, allowed_end] = writable_bytes(*b, direction, outputs, workspace);
     for (size_t i = 0; i < b->size; ++i)
       if (b->data[i] != b->saved[i] && !(i >= allowed_begin && i < allowed_end))
         return "byte " + std::to_string(i) + " of the " + b->name;

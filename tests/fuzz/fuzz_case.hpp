@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace jagflash::fuzz {
@@ -54,6 +55,10 @@ void set_enum(E& field, int value) {
 
 enum class WorkspaceKind { kNone, kQueried, kSmaller, kGarbage, kMisaligned };
 
+// dlearnable_sink at the very address of an input array (an output over an input), instead of
+// where its own placement puts it.
+enum class SinkGradientAlias { kNone, kSinks, kSlopes };
+
 struct CaseSpec {
   Direction direction = Direction::kForward;
   int dtype = JF_BF16, device = JF_DEVICE_CPU, mask = JF_MASK_NONE;
@@ -68,6 +73,13 @@ struct CaseSpec {
   float softcap = 0.0f;
   std::vector<float> alibi_slopes;
   Placement alibi_place{Placement::kNull};
+  // The learnable sinks (jf_problem.learnable_sink), one logit per query head, held as the slopes
+  // are (`sinks` is what is allocated), NULL unless placed; and the backward's dlearnable_sink, as
+  // many floats as `sinks` where its placement puts them, or at an input's address (`alias`).
+  std::vector<float> sinks;
+  Placement sink_place{Placement::kNull};
+  Placement sink_gradient_place{Placement::kNull};
+  SinkGradientAlias sink_gradient_alias = SinkGradientAlias::kNone;
   // The offsets arrays as the caller holds them: `values` is what is allocated (its length may
   // differ from batch_size + 1, but is never shorter, which no check could see).
   std::vector<int32_t> q_offsets, kv_offsets;
@@ -104,10 +116,10 @@ int64_t view_bytes(const jf_tensor& t, int elem);
 int element_bytes(int dtype);  // 4 for JF_FP32, else 2 (the library's rule for every other value)
 
 // The host memory of one case: an arena with a region per buffer, each followed by a guard, all
-// filled with a pattern from the case's seed; the offsets arrays, the ALiBi slopes, workspace,
-// stream object and the size query's output in exact-size heap blocks of their own
-// (AddressSanitizer sees any access past them). Every byte is compared with a snapshot after each
-// call.
+// filled with a pattern from the case's seed; the offsets arrays, the ALiBi slopes, the sinks and
+// their gradient, workspace, stream object and the size query's output in exact-size heap blocks
+// of their own (AddressSanitizer sees any access past them). Every byte is compared with a
+// snapshot after each call.
 class CallMemory {
  public:
   CallMemory(const CaseSpec& spec, uint64_t pattern_seed);
@@ -127,8 +139,9 @@ class CallMemory {
     return std::memcmp(bytes_block_.get(), bytes_saved_, sizeof bytes_saved_) != 0;
   }
   // "" when no byte changed since snapshot() but those a successful call may write (the output
-  // views' elements and the forward's lse when `outputs`, *bytes when `query_result`, the
-  // workspace's bytes when `workspace`); else the first changed byte's place.
+  // views' elements, the forward's lse and the backward's dlearnable_sink when `outputs`, *bytes
+  // when `query_result`, the workspace's bytes when `workspace`); else the first changed byte's
+  // place.
   std::string changed(Direction direction, bool outputs, bool query_result, bool workspace) const;
 
  private:
@@ -142,7 +155,19 @@ class CallMemory {
 
   unsigned char* region_start(int buffer) { return arena_ + region_offset_[buffer]; }
   void* place_pointer(const Placement& p, int self);
+  unsigned char* place_array(Block& block, const Placement& p, size_t bytes, const void* values,
+                             uint64_t pattern_seed, int wild_slot);
   void mark_outputs(Direction direction, std::vector<unsigned char>& writable) const;
+  size_t sink_gradient_bytes() const;
+  std::pair<size_t, size_t> writable_bytes(const Block& b, Direction direction, bool outputs,
+                                           bool workspace) const;
+  // Every heap block, const or not as `memory` is.
+  template <typename Memory>
+  static auto blocks(Memory& memory) -> std::vector<decltype(&memory.q_offsets_block_)> {
+    return {&memory.q_offsets_block_, &memory.kv_offsets_block_,    &memory.alibi_block_,
+            &memory.sink_block_,      &memory.sink_gradient_block_, &memory.workspace_block_,
+            &memory.stream_block_};
+  }
   std::string region_of(size_t arena_offset) const;
 
   std::vector<unsigned char> arena_storage_, arena_saved_;
@@ -150,7 +175,8 @@ class CallMemory {
   size_t arena_bytes_ = 0;
   size_t region_offset_[kBufferCount] = {};
   size_t region_bytes_[kBufferCount] = {};
-  Block q_offsets_block_, kv_offsets_block_, alibi_block_, workspace_block_, stream_block_;
+  Block q_offsets_block_, kv_offsets_block_, alibi_block_, sink_block_, sink_gradient_block_,
+      workspace_block_, stream_block_;
   std::unique_ptr<unsigned char[]> bytes_block_;  // guard, size_t, guard
   unsigned char bytes_saved_[2 * kGuard + sizeof(size_t)] = {};
   uint64_t pattern_seed_ = 0;

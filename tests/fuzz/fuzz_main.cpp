@@ -6,7 +6,8 @@
 //     argument gives, and says what was expected and what was given;
 //   - a failed query or call changes no byte the caller owns (every buffer is pattern-filled and
 //     surrounded by guards, all compared with a snapshot); a successful one writes only the output
-//     views' elements (not their padding), the forward's lse, *bytes and the workspace.
+//     views' elements (not their padding), the forward's lse, the backward's dlearnable_sink,
+//     *bytes and the workspace.
 // A failing case prints its seed, index and mutations; --seed S --case I reruns it alone.
 #include "contract.hpp"
 #include "fuzz_case.hpp"
@@ -80,7 +81,17 @@ extern "C" void on_fatal_signal(int sig) {
 struct Stats {
   uint64_t cases = 0, forward = 0, backward = 0;
   uint64_t calls_ok = 0, calls_failed = 0, queries_ok = 0, queries_failed = 0, unbacked = 0;
+  // Accepted calls that ran the reference with learnable sinks, and backwards among them that
+  // returned the sinks' gradient.
+  uint64_t sink_forwards_ok = 0, sink_backwards_ok = 0, sink_gradients_ok = 0;
   std::map<std::string, uint64_t> named;  // argument (index stripped) -> errors that named it
+
+  // An accepted call's problem, and the gradient a backward was given for its sinks.
+  void count_sinks(const jf_problem& p, const float* gradient, bool forward) {
+    if (p.learnable_sink == nullptr) return;
+    ++(forward ? sink_forwards_ok : sink_backwards_ok);
+    if (gradient != nullptr) ++sink_gradients_ok;
+  }
 
   void count_error(const std::string& message) {
     std::string argument = message.substr(0, message.find(": "));
@@ -184,6 +195,8 @@ class CaseRunner {
     if (!unchanged(spec, *memory, forward ? "jagflash_fwd" : "jagflash_bwd", status == JF_OK,
                    /*query_result=*/false))
       return false;
+    if (status == JF_OK)
+      stats.count_sinks(memory->fwd()->problem, forward ? nullptr : memory->bwd()->dlearnable_sink, forward);
     g_current_case.clear();
     return true;
   }
@@ -336,6 +349,13 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(stats.queries_ok),
       static_cast<unsigned long long>(stats.queries_failed), static_cast<unsigned long long>(stats.unbacked),
       stats.named.size());
+  if (o.stats) {
+    std::printf("  accepted with learnable sinks: %llu forward, %llu backward (%llu with their gradient)\n",
+                static_cast<unsigned long long>(stats.sink_forwards_ok),
+                static_cast<unsigned long long>(stats.sink_backwards_ok),
+                static_cast<unsigned long long>(stats.sink_gradients_ok));
+    std::printf("  errors by argument:\n");
+  }
   if (o.stats)
     for (const auto& [argument, count] : stats.named)
       std::printf("  %8llu  %s\n", static_cast<unsigned long long>(count), argument.c_str());
