@@ -3,6 +3,7 @@
 // comparison of its results with the CPU float64 reference, and the deterministic mode's repeats.
 #pragma once
 
+#include "hopper_served.hpp"
 #include "testing/gpu_batch.hpp"
 
 #include <jagflash/jagflash.h>
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace jagflash::testing {
@@ -73,6 +75,19 @@ inline void expect_matches_reference(const GpuBatch& g, bool with_backward) {
   EXPECT_LE(c.dk_rel, backward_tolerance(dt)) << "dk";
   EXPECT_LE(c.dv_rel, backward_tolerance(dt)) << "dv";
   EXPECT_LE(c.dsink_rel, backward_tolerance(dt)) << "d learnable_sink";
+}
+
+// One case of a variant's test: the spec's forward (and, with_backward, backward in the given
+// mode) with AUTO on the Hopper kernels, checked against the CPU reference; a case this build does
+// not serve is noted in `cases` and not run. `what` names the case in failures.
+inline void run_and_check(HopperCases& cases, const BatchSpec& s, const std::string& what, bool with_backward,
+                          int deterministic = 0) {
+  if (!cases.serve(HopperCall::of(s), with_backward)) return;
+  SCOPED_TRACE(what + " deterministic=" + std::to_string(deterministic));
+  GpuBatch g = make_gpu_batch(s);
+  run_on_hopper(g, with_backward, deterministic);
+  if (::testing::Test::HasFatalFailure()) return;
+  expect_matches_reference(g, with_backward);
 }
 
 // The deterministic backward on g (its forward run first) `runs` times: dq, dk, dv (and d sink)

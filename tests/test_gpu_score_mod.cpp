@@ -41,16 +41,10 @@ std::vector<float> alibi_slopes(int heads, float gain = 1.f) {
   return s;
 }
 
-// Forward (and, with_backward, backward) with AUTO, checked against the CPU reference; a case this
-// build does not serve is noted in `cases` and not run.
+// testing::run_and_check with this file's label of the case.
 void run_and_check(testing::HopperCases& cases, const BatchSpec& s, bool with_backward,
                    int deterministic = 0) {
-  if (!cases.serve(testing::HopperCall::of(s), with_backward)) return;
-  SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
-  GpuBatch g = testing::make_gpu_batch(s);
-  testing::run_on_hopper(g, with_backward, deterministic);
-  if (::testing::Test::HasFatalFailure()) return;
-  testing::expect_matches_reference(g, with_backward);
+  testing::run_and_check(cases, s, label(s), with_backward, deterministic);
 }
 
 // The awkward batch; tests of the softcap widen the inputs' range so the scaled scores reach past

@@ -47,14 +47,10 @@ BatchSpec sink_batch(int head_dim, jf_dtype dtype, jf_mask mask, uint64_t seed) 
   return s;
 }
 
+// testing::run_and_check with this file's label of the case.
 void run_and_check(testing::HopperCases& cases, const BatchSpec& s, bool with_backward,
                    int deterministic = 0) {
-  if (!cases.serve(testing::HopperCall::of(s), with_backward)) return;
-  SCOPED_TRACE(label(s) + " deterministic=" + std::to_string(deterministic));
-  GpuBatch g = testing::make_gpu_batch(s);
-  testing::run_on_hopper(g, with_backward, deterministic);
-  if (::testing::Test::HasFatalFailure()) return;
-  testing::expect_matches_reference(g, with_backward);
+  testing::run_and_check(cases, s, label(s), with_backward, deterministic);
 }
 
 TEST(GpuSinks, AgainstReferenceEveryMask) {

@@ -1105,6 +1105,43 @@ TEST_P(ReferenceScoreModForward, MatchesDenseNaiveThroughTheCApi) {
 INSTANTIATE_TEST_SUITE_P(ScoreMods, ReferenceScoreModForward, ::testing::ValuesIn(score_mod_cases(true)),
                          [](const ::testing::TestParamInfo<ScoreModCase>& info) { return info.param.name; });
 
+// dq, dk and dv (fp32, the dense batch's head counts and head dim) against central finite
+// differences of loss_of at `samples` random elements each, within tol of each gradient's largest
+// magnitude; none all zero.
+void expect_grads_match_finite_differences(const Grads& g, const DenseBatch& base, const MaskPolicy& mask,
+                                           double scale, const std::vector<double>& dout, const NaiveMod& mod,
+                                           int samples, double step, double tol, std::mt19937_64& rng) {
+  struct Target {
+    const char* name;
+    std::vector<double> DenseBatch::*field;
+    const HostTensor* grad;
+    int heads;
+  };
+  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, base.H},
+                            {"dk", &DenseBatch::k, &g.dk, base.H_kv},
+                            {"dv", &DenseBatch::v, &g.dv, base.H_kv}};
+  for (const Target& t : targets) {
+    const int width = t.grad->head_dim;
+    const double grad_max = max_abs(*t.grad);
+    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
+    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
+    for (int s = 0; s < samples; ++s) {
+      const size_t idx = pick(rng);
+      DenseBatch x = base;
+      (x.*(t.field))[idx] += step;
+      const double plus = loss_of(x, mask, scale, dout, mod);
+      (x.*(t.field))[idx] -= 2 * step;
+      const double minus = loss_of(x, mask, scale, dout, mod);
+      const double fd = (plus - minus) / (2 * step);
+      const int64_t r = static_cast<int64_t>(idx / (t.heads * width));
+      const int h = static_cast<int>(idx / width % t.heads);
+      const int d = static_cast<int>(idx % width);
+      EXPECT_NEAR(t.grad->get(r, h, d), fd, tol * grad_max)
+          << t.name << " (" << r << "," << h << "," << d << ")";
+    }
+  }
+}
+
 class ReferenceScoreModBackward : public ::testing::TestWithParam<ScoreModCase> {};
 
 // jagflash_bwd (fp32) with a modifier against central finite differences of the dense naive
@@ -1132,37 +1169,8 @@ TEST_P(ReferenceScoreModBackward, MatchesFiniteDifferencesThroughTheCApi) {
   jf_bwd_args args = backward_args(sm.problem, fwd.out, dout, fwd.lse.data(), g.dq, g.dk, g.dv);
   ASSERT_EQ(jagflash_bwd(&args), JF_OK) << jagflash_last_error();
 
-  const MaskPolicy mask = policy_of(c.mask);
-  const DenseBatch base = to_dense(batch);
-  const std::vector<double> dout_dense = to_dense(dout);
-  struct Target {
-    const char* name;
-    std::vector<double> DenseBatch::*field;
-    const HostTensor* grad;
-    int heads;
-  };
-  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, H},
-                            {"dk", &DenseBatch::k, &g.dk, H_kv},
-                            {"dv", &DenseBatch::v, &g.dv, H_kv}};
-  for (const Target& t : targets) {
-    const double grad_max = max_abs(*t.grad);
-    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
-    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
-    for (int s = 0; s < kSamples; ++s) {
-      const size_t idx = pick(rng);
-      DenseBatch x = base;
-      (x.*(t.field))[idx] += kStep;
-      const double plus = loss_of(x, mask, kScale, dout_dense, sm.naive);
-      (x.*(t.field))[idx] -= 2 * kStep;
-      const double minus = loss_of(x, mask, kScale, dout_dense, sm.naive);
-      const double fd = (plus - minus) / (2 * kStep);
-      const int64_t r = static_cast<int64_t>(idx / (t.heads * kD));
-      const int h = static_cast<int>(idx / kD % t.heads);
-      const int d = static_cast<int>(idx % kD);
-      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
-          << t.name << " (" << r << "," << h << "," << d << ")";
-    }
-  }
+  expect_grads_match_finite_differences(g, to_dense(batch), policy_of(c.mask), kScale, to_dense(dout),
+                                        sm.naive, kSamples, kStep, kTol, rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(ScoreMods, ReferenceScoreModBackward, ::testing::ValuesIn(score_mod_cases(false)),
@@ -1297,34 +1305,8 @@ TEST_P(ReferenceSinkBackward, MatchesFiniteDifferencesThroughTheCApi) {
     dsink_max = std::max(dsink_max, std::abs(fd));
   }
   EXPECT_GT(dsink_max, 1e-3);  // the sinks matter to this loss
-  struct Target {
-    const char* name;
-    std::vector<double> DenseBatch::*field;
-    const HostTensor* grad;
-    int heads;
-  };
-  const Target targets[] = {{"dq", &DenseBatch::q, &g.dq, H},
-                            {"dk", &DenseBatch::k, &g.dk, H_kv},
-                            {"dv", &DenseBatch::v, &g.dv, H_kv}};
-  for (const Target& t : targets) {
-    const double grad_max = max_abs(*t.grad);
-    EXPECT_GT(grad_max, 0.0) << t.name << " is all zero";
-    std::uniform_int_distribution<size_t> pick(0, (base.*(t.field)).size() - 1);
-    for (int s = 0; s < kSamples; ++s) {
-      const size_t idx = pick(rng);
-      DenseBatch x = base;
-      (x.*(t.field))[idx] += kStep;
-      const double plus = loss_of(x, mask, kScale, dout_dense, sp.naive);
-      (x.*(t.field))[idx] -= 2 * kStep;
-      const double minus = loss_of(x, mask, kScale, dout_dense, sp.naive);
-      const double fd = (plus - minus) / (2 * kStep);
-      const int64_t r = static_cast<int64_t>(idx / (t.heads * kD));
-      const int h = static_cast<int>(idx / kD % t.heads);
-      const int d = static_cast<int>(idx % kD);
-      EXPECT_NEAR(t.grad->get(r, h, d), fd, kTol * grad_max)
-          << t.name << " (" << r << "," << h << "," << d << ")";
-    }
-  }
+  expect_grads_match_finite_differences(g, base, mask, kScale, dout_dense, sp.naive, kSamples, kStep, kTol,
+                                        rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sinks, ReferenceSinkBackward, ::testing::ValuesIn(sink_cases(false)),
