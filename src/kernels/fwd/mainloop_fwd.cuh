@@ -4,7 +4,8 @@
 //    each to the consumers with its Q, and issues the TMA loads: Q once per tile, K and V
 //    through the kStages ring.
 //  Consumers (the pair's warpgroups, 64 rows each): S = Q K^T, mask (only on the peeled blocks),
-//    online softmax, O += P V, then the epilogue.
+//    online softmax, O += P V, then the epilogue. A KV block's math between the GEMMs is
+//    StepMath's (step_fwd.cuh); here are the waits, the GEMM issues and the releases.
 #pragma once
 
 #include "kernels/common/barriers.cuh"
@@ -16,6 +17,7 @@
 #include "kernels/fwd/kernel_traits.cuh"
 #include "kernels/fwd/scheduler_fwd.cuh"
 #include "kernels/fwd/softmax.cuh"
+#include "kernels/fwd/step_fwd.cuh"
 #include "kernels/fwd/trace_fwd.cuh"
 
 #include <cutlass/arch/barrier.h>
@@ -188,6 +190,7 @@ struct Consumer {
   using BlockN = typename Traits::BlockN;
   using HeadDim = typename Traits::HeadDim;
   static constexpr int kStages = Traits::kStages;
+  using Step = StepMath<Traits>;  // one KV block's math between the GEMMs (step_fwd.cuh)
 
   // thread: index among the pair's consumer threads (its warpgroups' rows follow from it).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread, int pair) {
@@ -275,82 +278,18 @@ struct Consumer {
         bulk_hi = n_hi;
       }
 
+      // Per row, from one block's softmax to the next O rescale: the factor for the new running
+      // max; and ALiBi's row constants (its slope the tile's head's, read once per tile).
       float correction[kRows];
-      // The score modifier (none in the default kernels: nothing), applied to a block's raw scores
-      // before the mask: forward, the fragment's rows are queries i and its columns keys j, the
-      // diagonal offset d = j - i - (Lk - Lq).
-      // ALiBi takes its linear form off the diagonal (common::alibi_with_row_offsets): the rows'
-      // constants go to the softmax in row_offset.
-      using Mod = typename Traits::ScoreMod;
-      const float alibi_slope = Mod::raw_slope(p.score_mod, t.head);
+      const float alibi_slope = Step::Mod::raw_slope(p.score_mod, t.head);
       [[maybe_unused]] float row_offset[kRows];
-      auto modify_scores = [&](int32_t n) {
-        if constexpr (!Mod::kNone) {
-          float row_base[kRows];
-#pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            row_base[r] =
-                static_cast<float>(n * Traits::kBlockN + coords.col_base -
-                                   (t.m_block * Traits::kBlockM + coords.row(r)) - (t.len_kv - t.len_q));
-          if constexpr (Mod::kAlibi) {
-            common::alibi_with_row_offsets<AccumulatorCoords::col_offset(decltype(size<1>(s_rc))::value - 1)>(
-                s_rc, alibi_slope, row_base, row_offset);
-          } else if constexpr (Mod::kGeneric) {
-            int32_t row_pos[kRows];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) row_pos[r] = t.m_block * Traits::kBlockM + coords.row(r);
-            Mod::template apply_generic<true>(s_rc, p.score_mod, t.head, row_pos,
-                                              n * Traits::kBlockN + coords.col_base, t.len_q, t.len_kv);
-          } else {
-            Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
-          }
-        }
-        (void)n;
-      };
-      auto softmax_update = [&] {
-        if constexpr (Mod::kAlibi)
-          softmax.update_with_row_offsets(s_rc, p.scale_log2, p.keep_max, correction, row_offset);
-        else
-          softmax.update(s_rc, p.scale_log2, p.keep_max, correction);
-      };
-      // Sets the scores of keys the mask hides to -inf. Only the peeled blocks (outside the
-      // bulk the mask policy proves mask-free) pay for it.
-      auto mask_block = [&](int32_t n) {
-        // Without a left window edge every row's visible keys start at key 0 (MaskPolicy::
-        // key_range), so only the right edge needs a compare: one instruction less per score on
-        // the masked blocks of causal and unmasked (sequence-end) tiles.
-        const bool left_edge = p.mask.left >= 0;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const IndexRange keys =
-              p.mask.key_range(t.m_block * Traits::kBlockM + coords.row(r), t.len_q, t.len_kv);
-          // Visible columns of this block, relative to the thread's first column.
-          const int first_col = static_cast<int>(keys.lo) - n * Traits::kBlockN - coords.col_base;
-          const int last_col = static_cast<int>(keys.hi) - n * Traits::kBlockN - coords.col_base;
-          if (left_edge) {
-#pragma unroll
-            for (int c = 0; c < size<1>(s_rc); ++c) {
-              const int col = AccumulatorCoords::col_offset(c);
-              if (col < first_col || col > last_col) s_rc(r, c) = -INFINITY;
-            }
-          } else {
-#pragma unroll
-            for (int c = 0; c < size<1>(s_rc); ++c)
-              if (AccumulatorCoords::col_offset(c) > last_col) s_rc(r, c) = -INFINITY;
-          }
-        }
-      };
-      // One block's scores to its probabilities (fp32, in place; correction: the rescale of the
-      // rows' earlier sum and O): the modifier, the mask outside the mask-free bulk, the online
-      // softmax. The peeled first block and the loop's blocks both take it.
+      // One block's scores to its probabilities (fp32, in place): the modifier, the mask outside
+      // the mask-free bulk, the online softmax. The peeled first block and the loop's blocks both
+      // take it.
       auto scores_to_p = [&](int32_t n) {
-        modify_scores(n);
-        if (n > bulk_hi || n < bulk_lo) mask_block(n);
-        softmax_update();
-      };
-      auto convert_p = [&] {
-#pragma unroll
-        for (int e = 0; e < size(tSrS); ++e) tOrP(e) = static_cast<Element>(tSrS(e));
+        if constexpr (!Step::Mod::kNone) Step::modify_scores(s_rc, row_offset, p, t, n, coords, alibi_slope);
+        if (n > bulk_hi || n < bulk_lo) Step::mask_block(s_rc, p, t, n, coords);
+        Step::update_softmax(s_rc, softmax, correction, row_offset, p);
       };
       // Whether the next block's K and V were seen loaded already: probed (without blocking)
       // while the warpgroup waits for its S anyway, so the barrier waits at the top of the
@@ -386,7 +325,7 @@ struct Consumer {
         if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
         ++k_uses;
         scores_to_p(n_hi);  // correction = 0: O is still zero
-        convert_p();
+        Step::p_to_a_operand(tOrP, tSrS);
       }
       // Intra-warpgroup overlap: S of block n is issued, O is rescaled for the running max of
       // block n+1 while S runs, then O += P V of block n+1 is issued; the softmax of block n
@@ -422,7 +361,7 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty[v_stage]);
         ++v_uses;
-        convert_p();
+        Step::p_to_a_operand(tOrP, tSrS);
         trace.stamp(trace_thread, kTraceEnd);
         trace.block_done();
       }
