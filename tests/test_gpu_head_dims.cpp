@@ -198,8 +198,8 @@ TEST(GpuHeadDims, ShortHintTakesThePairsBothDirections) {
         s.max_seqlen_hint = 256;
         if (!cases.serve(testing::HopperCall::of(s), /*with_backward=*/true)) continue;
         GpuBatch probe = testing::make_gpu_batch(s);
-        const kernels::fwd::ForwardVariant v =
-            kernels::fwd::choose_forward_variant(probe.forward_args(JF_BACKEND_AUTO), {});
+        const kernels::fwd::ForwardVariant v = kernels::fwd::choose_forward_variant(
+            probe.forward_args(JF_BACKEND_AUTO), kernels::fwd::ForwardKnobs{});
         EXPECT_EQ(v.pairs, 2) << "D=" << d;
         run_and_check(cases, s, /*with_backward=*/true, /*deterministic=*/static_cast<int>(seed % 2));
         if (::testing::Test::HasFatalFailure()) return;

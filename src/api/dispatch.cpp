@@ -151,20 +151,22 @@ WorkspaceLayout hopper_forward_layout(const jf_fwd_args& a) {
   return is_pooled(a.problem) ? WorkspaceLayout::with_pooled_offsets(w, a.problem.batch_size) : w;
 }
 
-// The plan is built for the tile shape of the variant the launcher will choose for this call.
-schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a) {
+// The plan is built for the tile shape of the variant the launcher runs (HopperForwardLaunch).
+schedule::DevicePlanLayout hopper_plan_layout(const jf_fwd_args& a,
+                                              const kernels::fwd::ForwardVariant& variant) {
   const jf_fwd_args v = hopper_view(a);
-  const kernels::fwd::ForwardVariant variant = kernels::fwd::choose_forward_variant(v);
   return schedule::DevicePlanLayout::make(hopper_forward_layout(a).total_bytes, v.problem.batch_size,
                                           v.problem.q.rows, v.problem.k.rows, variant.block_m(),
                                           variant.block_n, v.problem.block_mask.blocks != nullptr);
 }
 
-// A forward call's decision: which Hopper entry serves it (null: the oracle or the CPU), the plan
-// layout of the variant its launcher will choose and the bytes of workspace it needs. Made once a
-// call (the size query's checks, then the call's own run on the same answer).
+// A forward call's decision: which Hopper entry serves it (null: the oracle or the CPU), the tile
+// shape it runs with, that shape's plan layout and the bytes of workspace it needs. Made once a
+// call (the size query's checks, then the call's own run on the same answer, which passes the
+// variant on to the launcher).
 struct ForwardWorkspace {
   const kernels::HopperForwardEntry* hopper = nullptr;
+  kernels::fwd::ForwardVariant variant{};
   schedule::DevicePlanLayout plan{};
   size_t bytes = 0;
 };
@@ -175,7 +177,8 @@ ForwardWorkspace forward_workspace(const jf_fwd_args& a) {
   if (a.problem.device != JF_DEVICE_CUDA) return w;
   w.hopper = hopper_forward_for(a);
   if (w.hopper != nullptr) {
-    w.plan = hopper_plan_layout(a);
+    w.variant = kernels::fwd::choose_forward_variant(hopper_view(a), w.hopper);
+    w.plan = hopper_plan_layout(a, w.variant);
     w.bytes = w.plan.total_bytes;
     return w;
   }
@@ -312,8 +315,12 @@ void run_forward(const jf_fwd_args& a) {
                                      a.launch.offsets_check == JF_CHECK_OFFSETS_DEVICE, stream));
   if (hopper != nullptr) {
     auto* plan_key = reinterpret_cast<schedule::PlanKey*>(workspace_at(a.launch, layout.plan_key_offset));
-    const kernels::HopperForwardLaunch launch{flag, a.launch.workspace, plan_key, work.plan,
-                                              /*build_plan=*/a.launch.reuse_plan == 0};
+    const kernels::HopperForwardLaunch launch{flag,
+                                              a.launch.workspace,
+                                              plan_key,
+                                              work.plan,
+                                              /*build_plan=*/a.launch.reuse_plan == 0,
+                                              work.variant};
     int32_t* pooled_offsets = nullptr;
     if (is_pooled(p)) {
       pooled_offsets =

@@ -2,6 +2,7 @@
 // (dtype, head dim, score modifier), and the workspace they need.
 #pragma once
 
+#include "kernels/common/schedule.hpp"
 #include "schedule/plan_device.hpp"
 
 #include <jagflash/jagflash.h>
@@ -13,6 +14,18 @@
 
 namespace jagflash::kernels {
 
+namespace fwd {
+// The tile shape of a forward call (chosen by choose_forward_variant, kernels/fwd/variants.hpp).
+struct ForwardVariant {
+  int block_n = 128;
+  int warpgroups = 2;  // consumer warpgroups per tile; the tile has 64 x warpgroups query rows
+  int pairs = 1;       // independent (producer, consumers) pairs per CTA
+  bool ping_pong = false;
+  common::Schedule schedule = common::Schedule::kDynamic;
+  int block_m() const { return 64 * warpgroups; }
+};
+}  // namespace fwd
+
 struct HopperForwardLaunch {
   int32_t* error_flag;  // set by the device offsets check (the kernels then write nothing) and by
                         // the kernels on a mismatched plan (schedule::kPlanMismatchFlag)
@@ -20,12 +33,15 @@ struct HopperForwardLaunch {
   schedule::PlanKey* plan_key;  // in the workspace, at a place every variant shares
   schedule::DevicePlanLayout plan;
   bool build_plan;  // false: the workspace already holds the plan for these offsets
+  // The tile shape the dispatcher chose once for the call: its plan is built for it and the
+  // launcher runs it.
+  fwd::ForwardVariant variant;
 };
 
 using HopperForwardFn = cudaError_t (*)(const jf_fwd_args&, const HopperForwardLaunch&, cudaStream_t);
 
 // The tile shape a call runs with (and its plan is built for) comes from
-// fwd::choose_forward_variant (kernels/fwd/variants.hpp).
+// fwd::choose_forward_variant (kernels/fwd/variants.hpp), once a call, in HopperForwardLaunch.
 struct HopperForwardEntry {
   jf_dtype dtype;
   int head_dim;

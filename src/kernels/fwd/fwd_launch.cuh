@@ -163,7 +163,7 @@ using PairsTileConfig = TileConfig<Element, kHeadDim, BlockN<forward_pairs_block
 // with the default tile.
 template <class Element, int kHeadDim>
 cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch, cudaStream_t stream) {
-  const ForwardVariant v = choose_forward_variant(a);
+  const ForwardVariant& v = launch.variant;
   if constexpr (kHeadDim == 256) {
     return run_forward_variant<TileConfig<Element, 256, BlockN<32>>>(a, launch, v.schedule, stream);
   } else if constexpr (kHeadDim == 192) {
@@ -217,7 +217,7 @@ cudaError_t run_forward(const jf_fwd_args& a, const HopperForwardLaunch& launch,
 template <class Element, int kHeadDim, class Option>
 cudaError_t run_forward_default_tile(const jf_fwd_args& a, const HopperForwardLaunch& launch,
                                      cudaStream_t stream) {
-  const ForwardVariant v = choose_forward_variant(a);
+  const ForwardVariant& v = launch.variant;
   if constexpr (kHeadDim <= 128 && std::is_same_v<Option, PaddedHeadDim>) {
     if (v.pairs == 2)
       return run_forward_variant<PairsTileConfig<Element, kHeadDim, PaddedHeadDim>>(a, launch, v.schedule,

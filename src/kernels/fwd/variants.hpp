@@ -18,15 +18,6 @@ namespace jagflash::kernels::fwd {
 // tiles in (batch, block, head) order, unsorted).
 using common::Schedule;
 
-struct ForwardVariant {
-  int block_n = 128;
-  int warpgroups = 2;  // consumer warpgroups per tile; the tile has 64 x warpgroups query rows
-  int pairs = 1;       // independent (producer, consumers) pairs per CTA
-  bool ping_pong = false;
-  Schedule schedule = Schedule::kDynamic;
-  int block_m() const { return 64 * warpgroups; }
-};
-
 // Benchmark knobs, read from the environment at every launch in a build with them
 // (core/bench_knobs.hpp; none elsewhere: every field keeps its default), so that one process can
 // time them side by side (bench/sweep.py --variant); each forces one choice
@@ -98,15 +89,14 @@ inline bool mean_length_at_least(const jf_problem& p, int64_t length) {
   const bool q_long = p.pooled_q_rows > 0 ? p.pooled_q_rows >= length : p.q.rows >= length * p.batch_size;
   return q_long && p.k.rows >= length * p.batch_size;
 }
-inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
+// e: the entry that serves the call, as the registry names it (the head dim's own or the next up
+// that has the call's variant; null when this build has none, and the call is refused: then
+// kernel_head_dim's shape). The dispatcher passes the entry it found (one lookup a call).
+inline ForwardVariant choose_forward_variant(const jf_fwd_args& a, const HopperForwardEntry* e,
                                              const ForwardKnobs& k = ForwardKnobs::get()) {
   ForwardVariant v;
   v.schedule = k.schedule;
-  // The kernel that serves the call, as the registry names it (the head dim's own or the next up
-  // that has the call's variant; kernel_head_dim when this build has none, and the call is refused).
   const int32_t d = a.problem.q.head_dim;
-  const HopperForwardEntry* e = find_hopper_forward(
-      a.problem.dtype, d, a.problem.score_mod, a.problem.block_mask.blocks != nullptr, a.problem.v.head_dim);
   const int kernel_d = e != nullptr ? e->head_dim : kernel_head_dim(d);
   // Past 128, one shape per kernel (tile_config.hpp: shared memory): 64-key blocks at 192, 32 at
   // 256; only the schedule knob applies.
@@ -141,6 +131,16 @@ inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
     v.ping_pong = false;
   }
   return v;
+}
+
+// The same, looking the entry up (tests and tools that have none at hand).
+inline ForwardVariant choose_forward_variant(const jf_fwd_args& a,
+                                             const ForwardKnobs& k = ForwardKnobs::get()) {
+  return choose_forward_variant(
+      a,
+      find_hopper_forward(a.problem.dtype, a.problem.q.head_dim, a.problem.score_mod,
+                          a.problem.block_mask.blocks != nullptr, a.problem.v.head_dim),
+      k);
 }
 
 }  // namespace jagflash::kernels::fwd
