@@ -34,7 +34,7 @@ struct StepMath {
   // registers allow; at D = 128, where dK and dV hold 128 registers a thread and those 16 spilled
   // (check_sass), and at D = 64 with 128-row Q blocks (S^T and dP^T 64 registers each),
   // recovered from P and the lse (KernelScoreMod::dscore_of_p, one MUFU.LG2 a score more).
-  static constexpr bool kKeepDscore = Mod::kSoftcap && Traits::kHeadDim == 64 && kBlockM == 64;
+  static constexpr bool kKeepDscore = Mod::kDerivative && Traits::kHeadDim == 64 && kBlockM == 64;
   struct KeptDscore {
     __half2 pairs[kRows][kCols / 2];
   };
@@ -60,32 +60,24 @@ struct StepMath {
     cute::warpgroup_wait<1>();  // S^T is ready; dP^T may still run
     cute::warpgroup_fence_operand(s_rc);
     if constexpr (!Mod::kNone) {
-      // S^T: keys j along the rows, queries i along the columns; d = j - i - (Lk - Lq).
+      // S^T: keys along the rows, queries along the columns (KernelScoreMod::backward_scores).
       float row_base[kRows];
+      int32_t key_pos[kRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kRows; ++r) {
         row_base[r] =
             static_cast<float>(key0 + coords.row(r) - row0 - coords.col_base - (t.len_kv - t.len_q));
-      if constexpr (Mod::kGeneric) {
-        // Its dS is P (dP - delta): no dscore kept (KernelScoreMod::Policy).
-        static_assert(Mod::Policy::kUnitDerivative,
-                      "the Hopper backward serves generic modifiers whose dscore is 1");
-        int32_t key_pos[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) key_pos[r] = key0 + coords.row(r);
-        Mod::template apply_generic<false>(s_rc, p.score_mod, h, key_pos, row0 + coords.col_base, t.len_q,
-                                           t.len_kv);
-      } else {
-        // The slope read per block (an L1 hit), not kept across the loop: a register less.
-        Mod::template apply<-1>(s_rc, p.score_mod, Mod::raw_slope(p.score_mod, h), row_base);
+        key_pos[r] = key0 + coords.row(r);
       }
+      Mod::backward_scores(s_rc, p.score_mod, h, row_base, key_pos, row0 + coords.col_base, t.len_q,
+                           t.len_kv);
       if constexpr (kKeepDscore) {  // before the mask: t is finite, a masked score is not
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
 #pragma unroll
           for (int c = 0; c < kCols; c += 2)
-            dscore.pairs[r][c / 2] = __floats2half2_rn(fmaf(-s_rc(r, c), s_rc(r, c), 1.f),
-                                                       fmaf(-s_rc(r, c + 1), s_rc(r, c + 1), 1.f));
+            dscore.pairs[r][c / 2] = __floats2half2_rn(Mod::dscore_of_modified(s_rc(r, c)),
+                                                       Mod::dscore_of_modified(s_rc(r, c + 1)));
       }
     }
     // A block with hidden pairs (a mask edge, a sequence's end) first sets their scores to -inf
@@ -128,7 +120,7 @@ struct StepMath {
   __device__ __forceinline__ static void ds_from_dp(Frag& dp_rc, const Frag& p_rc, const Dscore& dscore,
                                                     const Params<Traits>& p, const float* lse_c,
                                                     const float* delta_c) {
-    if constexpr (Mod::kSoftcap && !kKeepDscore) {
+    if constexpr (Mod::kDerivative && !kKeepDscore) {
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int off = AccumulatorCoords::col_offset(c);

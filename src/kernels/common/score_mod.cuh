@@ -53,6 +53,35 @@ struct ScoreModArgs {
   float inv_scale = 0.f;
 };
 
+// ALiBi on a forward fragment as one FFMA a score: for a row whose columns all sit on one side of
+// the diagonal (every d <= 0, or every d >= 0: every block but the diagonal ones), |d| is +-d and the
+// bias -slope |d| = k (row_base + col_offset) with k = +-slope is linear in the column: the fragment
+// takes k col_offset(c) (an FFMA with an immediate) and the row's constant k row_base goes to
+// row_offset[r], which the softmax adds to the row's maximum and its exponents' offset
+// (OnlineSoftmax::update_with_row_offsets) at no cost a score. A row across the diagonal takes
+// the two-instruction form and offset 0. kMaxColOffset: the largest col_offset of the fragment.
+template <int kMaxColOffset, class TensorS, int kRows>
+__device__ __forceinline__ void alibi_with_row_offsets(TensorS& s_rc, float slope,
+                                                       const float (&row_base)[kRows],
+                                                       float (&row_offset)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const bool left = row_base[r] + float(kMaxColOffset) <= 0.f, right = row_base[r] >= 0.f;
+    if (left || right) {
+      const float k = left ? slope : -slope;
+#pragma unroll
+      for (int c = 0; c < size<1>(s_rc); ++c)
+        s_rc(r, c) = fmaf(k, float(AccumulatorCoords::col_offset(c)), s_rc(r, c));
+      row_offset[r] = k * row_base[r];
+    } else {
+#pragma unroll
+      for (int c = 0; c < size<1>(s_rc); ++c)
+        s_rc(r, c) = fmaf(-slope, fabsf(row_base[r] + float(AccumulatorCoords::col_offset(c))), s_rc(r, c));
+      row_offset[r] = 0.f;
+    }
+  }
+}
+
 template <jf_score_mod kKind>
 struct KernelScoreMod {
   static constexpr bool kNone = kKind == JF_SCORE_MOD_NONE;
@@ -63,6 +92,18 @@ struct KernelScoreMod {
   using Policy = typename ScoreModOf<kKind>::type;
   static_assert(!std::is_void_v<Policy>, "a jf_score_mod kind with no modifier in ScoreModTypes");
 
+  // What the kernels read of a modifier besides its two hooks (forward_scores, backward_scores):
+  //  kRowOffsets: the forward hook leaves per-row constants in row_offset that the softmax adds
+  //    to the row's maximum and exponents (ALiBi's linear form off the diagonal);
+  //  kDerivative: dS takes the modifier's derivative, dscore = 1 - t^2 of the modified score t
+  //    (softcap: dscore_of_modified, or dscore_of_p where no register keeps t); without it
+  //    dS = P (dP - delta);
+  //  kElementwise: evaluated element by element from each score's (query, key) coordinates (a
+  //    generic modifier's score()), which the forward's uniform-register slicing leaves no room for.
+  static constexpr bool kRowOffsets = kAlibi;
+  static constexpr bool kDerivative = kSoftcap;
+  static constexpr bool kElementwise = kGeneric;
+
   // The slope of query head h in raw-score units (ALiBi; 0 otherwise): read once per head.
   __device__ static float raw_slope(const ScoreModArgs& a, int32_t head) {
     if constexpr (kAlibi)
@@ -70,6 +111,50 @@ struct KernelScoreMod {
     else
       return 0.f;
   }
+
+  // The two hooks take a fragment's place in the sequence as the kernels have it: element (r, c)
+  // at row row_pos[r] and column col_pos0 + col_offset(c) (rows, columns: queries, keys forward;
+  // keys, queries in the backward's S^T), and its diagonal offset d = j - i - (Lk - Lq) as
+  // row_base[r] + col_sign x col_offset(c) (col_sign +1 forward, -1 backward).
+  //
+  // The forward's hook, on a consumer's fragment of raw scores, before the mask. slope: the head's
+  // raw_slope, read once per tile. row_offset: the rows' constants the softmax adds
+  // (kRowOffsets), untouched otherwise.
+  template <class TensorS, int kRows>
+  __device__ __forceinline__ static void forward_scores(TensorS& s_rc, float (&row_offset)[kRows],
+                                                        const ScoreModArgs& a, float slope, int32_t head,
+                                                        const float (&row_base)[kRows],
+                                                        const int32_t (&row_pos)[kRows], int32_t col_pos0,
+                                                        int32_t len_q, int32_t len_kv) {
+    if constexpr (kAlibi) {
+      alibi_with_row_offsets<AccumulatorCoords::col_offset(decltype(size<1>(s_rc))::value - 1)>(
+          s_rc, slope, row_base, row_offset);
+    } else if constexpr (kGeneric) {
+      apply_generic<true>(s_rc, a, head, row_pos, col_pos0, len_q, len_kv);
+    } else {
+      apply<1>(s_rc, a, slope, row_base);
+    }
+  }
+
+  // The backward's hook, on a consumer's fragment of raw scores of S^T, before the mask.
+  template <class TensorS, int kRows>
+  __device__ __forceinline__ static void backward_scores(TensorS& s_rc, const ScoreModArgs& a, int32_t head,
+                                                         const float (&row_base)[kRows],
+                                                         const int32_t (&row_pos)[kRows], int32_t col_pos0,
+                                                         int32_t len_q, int32_t len_kv) {
+    if constexpr (kGeneric) {
+      // Its dS is P (dP - delta): no derivative (kDerivative).
+      static_assert(Policy::kUnitDerivative,
+                    "the Hopper backward serves generic modifiers whose dscore is 1");
+      apply_generic<false>(s_rc, a, head, row_pos, col_pos0, len_q, len_kv);
+    } else {
+      // The slope read per block (an L1 hit), not kept across the loop: a register less.
+      apply<-1>(s_rc, a, raw_slope(a, head), row_base);
+    }
+  }
+
+  // dscore of a score the forward or backward hook modified into t (kDerivative).
+  __device__ __forceinline__ static float dscore_of_modified(float t) { return fmaf(-t, t, 1.f); }
 
   // Softcap's dscore = 1 - t^2 of a score whose probability p = exp2(cap log2e t - lse_log2) is
   // known, t recovered from p's exponent (one MUFU.LG2): for a kernel with no registers to keep t
@@ -127,35 +212,6 @@ struct KernelScoreMod {
     (void)row_base;
   }
 };
-
-// ALiBi on a forward fragment as one FFMA a score: for a row whose columns all sit on one side of
-// the diagonal (every d <= 0, or every d >= 0: every block but the diagonal ones), |d| is +-d and the
-// bias -slope |d| = k (row_base + col_offset) with k = +-slope is linear in the column: the fragment
-// takes k col_offset(c) (an FFMA with an immediate) and the row's constant k row_base goes to
-// row_offset[r], which the softmax adds to the row's maximum and its exponents' offset
-// (OnlineSoftmax::update_with_row_offsets) at no cost a score. A row across the diagonal takes
-// the two-instruction form and offset 0. kMaxColOffset: the largest col_offset of the fragment.
-template <int kMaxColOffset, class TensorS, int kRows>
-__device__ __forceinline__ void alibi_with_row_offsets(TensorS& s_rc, float slope,
-                                                       const float (&row_base)[kRows],
-                                                       float (&row_offset)[kRows]) {
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const bool left = row_base[r] + float(kMaxColOffset) <= 0.f, right = row_base[r] >= 0.f;
-    if (left || right) {
-      const float k = left ? slope : -slope;
-#pragma unroll
-      for (int c = 0; c < size<1>(s_rc); ++c)
-        s_rc(r, c) = fmaf(k, float(AccumulatorCoords::col_offset(c)), s_rc(r, c));
-      row_offset[r] = k * row_base[r];
-    } else {
-#pragma unroll
-      for (int c = 0; c < size<1>(s_rc); ++c)
-        s_rc(r, c) = fmaf(-slope, fabsf(row_base[r] + float(AccumulatorCoords::col_offset(c))), s_rc(r, c));
-      row_offset[r] = 0.f;
-    }
-  }
-}
 
 // The host's side: the modifier's values for a launch with softmax scale `scale`, and the factors
 // the exponent and (forward) the lse take instead of the scale's.

@@ -201,10 +201,10 @@ struct Consumer {
     // compiler knows to be warp-uniform, each k-block's descriptor is built in uniform registers.
     // Sliced at `thread`, the S GEMM's were built in per-thread registers and moved over (R2UR,
     // IMAD a k-block: bench/NOTES.md, "The measurements behind the code's defaults").
-    // Not with a generic modifier (the relative bias): there the uniform registers it takes left
-    // its per-score table reads short and the consumers spilled (2 LDL/STL, check_sass).
+    // Not with an elementwise modifier (the relative bias): there the uniform registers it takes
+    // left its per-score table reads short and the consumers spilled (2 LDL/STL, check_sass).
     const int slice_thread =
-        Traits::ScoreMod::kGeneric ? thread : __shfl_sync(0xffffffffu, thread / 128, 0) * 128;
+        Traits::ScoreMod::kElementwise ? thread : __shfl_sync(0xffffffffu, thread / 128, 0) * 128;
     auto thr_qk = mma_qk.get_thread_slice(slice_thread);
     auto thr_pv = mma_pv.get_thread_slice(slice_thread);
 

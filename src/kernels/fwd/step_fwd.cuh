@@ -32,32 +32,27 @@ struct StepMath {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
 
-  // The score modifier (called only by a kernel that has one) on the raw scores
-  // of KV block n (s_rc: query rows i along the rows, keys j along the columns), before the mask;
-  // the diagonal offset d = j - i - (Lk - Lq). ALiBi takes its linear form off the diagonal
-  // (common::alibi_with_row_offsets): the rows' constants go to the softmax in row_offset.
+  // The score modifier's hook (called only by a kernel that has one; KernelScoreMod::forward_scores)
+  // on the raw scores of KV block n (s_rc: query rows i along the rows, keys j along the columns),
+  // before the mask. row_offset: the rows' constants it leaves for the softmax (Mod::kRowOffsets).
   // alibi_slope: the tile's head's (Mod::raw_slope, read once per tile).
   template <class Frag, int kRows>
   __device__ static void modify_scores(Frag& s_rc, float (&row_offset)[kRows], const Params<Traits>& p,
                                        const TileInfo& t, int32_t n, const AccumulatorCoords& coords,
                                        float alibi_slope) {
-    float row_base[kRows];
+    // An elementwise modifier reads the rows' positions, the others the diagonal offsets.
+    float row_base[kRows] = {};
+    int32_t row_pos[kRows] = {};
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      row_base[r] = static_cast<float>(n * kBlockN + coords.col_base - (t.m_block * kBlockM + coords.row(r)) -
-                                       (t.len_kv - t.len_q));
-    if constexpr (Mod::kAlibi) {
-      common::alibi_with_row_offsets<AccumulatorCoords::col_offset(decltype(size<1>(s_rc))::value - 1)>(
-          s_rc, alibi_slope, row_base, row_offset);
-    } else if constexpr (Mod::kGeneric) {
-      int32_t row_pos[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) row_pos[r] = t.m_block * kBlockM + coords.row(r);
-      Mod::template apply_generic<true>(s_rc, p.score_mod, t.head, row_pos, n * kBlockN + coords.col_base,
-                                        t.len_q, t.len_kv);
-    } else {
-      Mod::template apply<1>(s_rc, p.score_mod, alibi_slope, row_base);
+    for (int r = 0; r < kRows; ++r) {
+      if constexpr (Mod::kElementwise)
+        row_pos[r] = t.m_block * kBlockM + coords.row(r);
+      else
+        row_base[r] = static_cast<float>(n * kBlockN + coords.col_base -
+                                         (t.m_block * kBlockM + coords.row(r)) - (t.len_kv - t.len_q));
     }
+    Mod::forward_scores(s_rc, row_offset, p.score_mod, alibi_slope, t.head, row_base, row_pos,
+                        n * kBlockN + coords.col_base, t.len_q, t.len_kv);
   }
 
   // Sets the scores of the keys of KV block n that the mask hides to -inf. Only the peeled blocks
@@ -92,12 +87,12 @@ struct StepMath {
 
   // The online softmax of a block's scores (modified, masked) into P in place, against the rows'
   // running max; correction: per row, the factor by which O must be rescaled for the new max (the
-  // rows' earlier sum is rescaled here). With ALiBi, row_offset holds the rows' constants that
-  // modify_scores left.
+  // rows' earlier sum is rescaled here). With Mod::kRowOffsets, row_offset holds the rows' constants
+  // that modify_scores left.
   template <class Frag, int kRows>
   __device__ static void update_softmax(Frag& s_rc, OnlineSoftmax<kRows>& softmax, float (&correction)[kRows],
                                         float (&row_offset)[kRows], const Params<Traits>& p) {
-    if constexpr (Mod::kAlibi)
+    if constexpr (Mod::kRowOffsets)
       softmax.update_with_row_offsets(s_rc, p.scale_log2, p.keep_max, correction, row_offset);
     else
       softmax.update(s_rc, p.scale_log2, p.keep_max, correction);
