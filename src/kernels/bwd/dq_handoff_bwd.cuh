@@ -65,7 +65,7 @@ struct DqHandoff {
         return;
       }
       // Opened here with the shared rows as its target, handed over later.
-      if (flushes >= kDqStages) wait_released(smem.dq_empty, RingPosition<kDqStages>{flushes});
+      if (flushes >= kDqStages) smem.dq_ring().acquire(flushes);
       store_dq_smem<StoreOffsets>(dq_frag, stage_smem, fresh_consumer_thread());
       if (thread == 0) {
         DqTarget target{};
@@ -84,7 +84,7 @@ struct DqHandoff {
   // (mainloop_bwd_wide.cuh), which store their partial in parts between them: the stage's shared
   // address, once the writer has released it;
   __device__ __forceinline__ static uint32_t open_block_stage(SharedStorage<Traits>& smem, uint32_t uses) {
-    wait_released(smem.dq_empty, RingPosition<kDqStages>{uses});
+    smem.dq_ring().acquire(uses);
     return cute::cast_smem_ptr_to_uint(smem.dq.data()) + (uses % kDqStages) * kDqStageBytes;
   }
   // then, with the partial stored, its target and the hand-over.
@@ -120,7 +120,7 @@ struct DqHandoff {
     if (p.pooled_dq_sum) flush_open_stage(smem, lane);
     const uint32_t ring = p.pooled_dq_sum ? flushes : uses;
     const uint32_t stage = ring % kDqStages;
-    wait_released(smem.dq_empty, RingPosition<kDqStages>{ring});
+    smem.dq_ring().acquire(ring);
     if (thread == 0) smem.dq_target[stage].stop = 1;
     publish(smem, stage, lane);
   }
@@ -131,7 +131,7 @@ struct DqHandoff {
   __device__ __forceinline__ static void publish(SharedStorage<Traits>& smem, uint32_t stage, int lane) {
     cutlass::arch::fence_view_async_shared();
     __syncwarp();
-    if (lane == 0) ArrivalBarrier::arrive(&smem.dq_full[stage]);
+    if (lane == 0) smem.dq_ring().commit(stage);
   }
 
   __device__ __forceinline__ void flush_open_stage(SharedStorage<Traits>& smem, int lane) {

@@ -48,7 +48,7 @@ struct DqWriter {
     };
     for (uint32_t uses = 0;; ++uses) {
       const uint32_t stage = uses % Traits::kDqStages;
-      common::wait_full(smem.dq_full, common::RingPosition<Traits::kDqStages>{uses});
+      smem.dq_ring().wait(uses);
       const DqTarget target = smem.dq_target[stage];
       if (target.stop) break;
       if (p.dq_sems != nullptr) {
@@ -69,7 +69,7 @@ struct DqWriter {
         reduce_stage(stage, target);
         bulk_wait_read_all();
       }
-      ArrivalBarrier::arrive(&smem.dq_empty[stage]);
+      smem.dq_ring().release(stage);
     }
     bulk_wait_all();
   }

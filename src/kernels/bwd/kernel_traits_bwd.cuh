@@ -10,6 +10,7 @@
 #include "kernels/bwd/tile_config_bwd.hpp"
 #include "kernels/common/barriers.cuh"
 #include "kernels/common/gmma_64x48.cuh"
+#include "kernels/common/ring.cuh"
 #include "kernels/common/schedule.hpp"
 #include "kernels/common/score_mod.cuh"
 #include "schedule/plan.hpp"
@@ -218,6 +219,14 @@ struct SharedStorage {
   uint64_t do_empty[Traits::kStages];
   uint64_t dq_full[Traits::kDqStages];   // consumers -> dQ writer: a stage of dQ partials is written
   uint64_t dq_empty[Traits::kDqStages];  // dQ writer -> consumers: the bulk reduce has read the stage
+
+  // The rings (kernels/common/ring.cuh) over these barriers; K and V are rings of one.
+  __device__ __forceinline__ common::Ring<kTileSlots> tile_ring() { return {tile_full, tile_empty}; }
+  __device__ __forceinline__ common::Ring<1> k_ring() { return {&k_full, &k_empty}; }
+  __device__ __forceinline__ common::Ring<1> v_ring() { return {&v_full, &v_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kStages> q_ring() { return {q_full, q_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kStages> do_ring() { return {do_full, do_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kDqStages> dq_ring() { return {dq_full, dq_empty}; }
 };
 
 template <class Traits>

@@ -15,7 +15,6 @@
 namespace jagflash::kernels::bwd {
 
 using namespace cute;
-using common::RingPosition;  // kernels/common/ring.cuh: every barrier wait (wait_full, wait_released)
 
 // The stats of one Q block (kStatRows floats from element `first`) by a 1D TMA load completing on
 // `bar`.
@@ -77,7 +76,7 @@ struct Loader {
     uint32_t uses = 0;  // Q blocks loaded so far (the ring's position)
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      wait_released(smem.tile_empty, RingPosition<kSlots>{round});
+      smem.tile_ring().acquire(round);
       const int32_t tile = next_tile(p, static_cast<int32_t>(round));
       const bool has_tile = tile < total_tiles;
       TileInfo t_regs{};
@@ -86,7 +85,7 @@ struct Loader {
         smem.tile[slot] = t_regs;
       }
       smem.has_tile[slot] = has_tile;
-      ArrivalBarrier::arrive(&smem.tile_full[slot]);  // release: the consumers' wait acquires
+      smem.tile_ring().commit(slot);  // release: the consumers' wait acquires
       if (!has_tile) return;
       const TileInfo& t = kTileFromSlot ? smem.tile[slot] : t_regs;
 
@@ -103,11 +102,11 @@ struct Loader {
           tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
       bool kv_issued = false;
       auto issue_kv = [&] {
-        wait_released(&smem.v_empty, RingPosition<1>{round});  // K and V: one buffer each, per tile
-        TxBarrier::arrive_and_expect_tx(&smem.v_full, Traits::kKBytes);
+        smem.v_ring().acquire(round);  // K and V: one buffer each, per tile
+        smem.v_ring().commit_tx(0, Traits::kKBytes);
         copy(p.tma_v.with(smem.v_full), get<0>(v_parts), get<1>(v_parts));
-        wait_released(&smem.k_empty, RingPosition<1>{round});
-        TxBarrier::arrive_and_expect_tx(&smem.k_full, Traits::kKBytes);
+        smem.k_ring().acquire(round);
+        smem.k_ring().commit_tx(0, Traits::kKBytes);
         copy(p.tma_k.with(smem.k_full), get<0>(k_parts), get<1>(k_parts));
         kv_issued = true;
       };
@@ -130,8 +129,8 @@ struct Loader {
           if (!q_block_visible(p, t, m))
             continue;  // hidden by the block-sparse map (the consumers skip it too)
           const uint32_t stage = uses % kStages;
-          wait_released(smem.q_empty, RingPosition<kStages>{uses});
-          TxBarrier::arrive_and_expect_tx(&smem.q_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          smem.q_ring().acquire(uses);
+          smem.q_ring().commit_tx(stage, Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_q.with(smem.q_full[stage]), get<0>(q_parts)(_, m), get<1>(q_parts)(_, stage));
           // The stats from the aligned row at or before the block's first (the consumers skip the
           // first (row % 4)); the workspace holds kStatRows rows of slack after the last.
@@ -139,8 +138,8 @@ struct Loader {
           load_stats(smem.lse.data() + stage * Traits::kStatStride, &p.lse_map, stat_row,
                      &smem.q_full[stage]);
           if (!kv_issued) issue_kv();
-          wait_released(smem.do_empty, RingPosition<kStages>{uses});
-          TxBarrier::arrive_and_expect_tx(&smem.do_full[stage], Traits::kQBytes + Traits::kStatBytes);
+          smem.do_ring().acquire(uses);
+          smem.do_ring().commit_tx(stage, Traits::kQBytes + Traits::kStatBytes);
           copy(p.tma_do.with(smem.do_full[stage]), get<0>(do_parts)(_, m), get<1>(do_parts)(_, stage));
           load_stats(smem.delta.data() + stage * Traits::kStatStride, &p.delta_map, stat_row,
                      &smem.do_full[stage]);

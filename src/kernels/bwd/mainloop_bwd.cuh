@@ -28,7 +28,7 @@ namespace jagflash::kernels::bwd {
 
 using namespace cute;
 using common::AccumulatorCoords;
-using common::RingPosition;  // kernels/common/ring.cuh: every barrier wait (wait_full, wait_released)
+using common::RingPosition;  // kernels/common/ring.cuh: the Q/dO ring's position
 using common::warpgroup_gemm;
 
 template <class Traits>
@@ -99,11 +99,11 @@ struct Consumer {
     // it is issued (SmemViews).
     // S^T = K Q^T, dP^T = V dO^T, in flight (gemm_stage: q_at's stage, warp-uniform).
     auto issue_s_dp = [&](RingPosition<kStages> q_at, uint32_t gemm_stage) {
-      wait_full(smem.q_full, q_at);
+      smem.q_ring().wait(q_at.uses);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.k()),
           thr_sdp.partition_fragment_B(views.q())(_, _, _, gemm_stage), tSrS);
-      wait_full(smem.do_full, q_at);
+      smem.do_ring().wait(q_at.uses);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.v()),
           thr_sdp.partition_fragment_B(views.dout())(_, _, _, gemm_stage), tSrDp);
@@ -135,13 +135,13 @@ struct Consumer {
       warpgroup_fence_operand(tDsrDs);
       __syncwarp();
       if (lane == 0) {
-        ArrivalBarrier::arrive(&smem.q_empty[stage]);
-        ArrivalBarrier::arrive(&smem.do_empty[stage]);
+        smem.q_ring().release(stage);
+        smem.do_ring().release(stage);
       }
     };
     auto release_v = [&] {  // no dP GEMM of this warpgroup reads V any more (this tile)
       __syncwarp();
-      if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
+      smem.v_ring().release_by_warp(0, lane);
     };
 
     // S^T and dP^T of Q block m (first row row0, query head h; q_at: the Q/dO ring's position) to
@@ -258,7 +258,7 @@ struct Consumer {
 
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      wait_full(smem.tile_full, RingPosition<kSlots>{round});
+      smem.tile_ring().wait(round);
       if (!smem.has_tile[slot]) {
         dq_handoff.finish(p, smem, uses, thread, lane);
         return;
@@ -267,8 +267,8 @@ struct Consumer {
       // tile_empty arrival): kept in registers across the loop, its fields spilled.
       const TileInfo& t = smem.tile[slot];
       dq_handoff.begin_tile(p, smem, t, lane);
-      wait_full(&smem.k_full, RingPosition<1>{round});
-      wait_full(&smem.v_full, RingPosition<1>{round});
+      smem.k_ring().wait(round);
+      smem.v_ring().wait(round);
       clear(tDVrDV);
       clear(tDKrDK);
       const int32_t key0 = t.n_block * kBlockN;  // first key of the tile in its sequence
@@ -284,13 +284,13 @@ struct Consumer {
       // had no Q block or a block-sparse map): the loader may bring the next tile's.
       __syncwarp();
       if (lane == 0) {
-        if (Traits::kBlockSparse || t.m_lo > t.m_hi) ArrivalBarrier::arrive(&smem.v_empty);
-        ArrivalBarrier::arrive(&smem.k_empty);
+        if (Traits::kBlockSparse || t.m_lo > t.m_hi) smem.v_ring().release(0);
+        smem.k_ring().release(0);
       }
       store_dkdv<Traits>(p, t, tDKrDK, tDVrDV, cute::cast_smem_ptr_to_uint(smem.ds.data()),
                          fresh_consumer_thread());
       __syncwarp();
-      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);
+      smem.tile_ring().release_by_warp(slot, lane);
     }
   }
 };

@@ -89,11 +89,11 @@ struct ConsumerWide {
 
     // S^T = K Q^T, dP^T = V dO^T, in flight (gemm_stage: q_at's stage, warp-uniform).
     auto issue_s_dp = [&](RingPosition<kStages> q_at, uint32_t gemm_stage) {
-      wait_full(smem.q_full, q_at);
+      smem.q_ring().wait(q_at.uses);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.k()),
           thr_sdp.partition_fragment_B(views.q())(_, _, _, gemm_stage), tSrS);
-      wait_full(smem.do_full, q_at);
+      smem.do_ring().wait(q_at.uses);
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
           mma_sdp, thr_sdp.partition_fragment_A(views.v()),
           thr_sdp.partition_fragment_B(views.dout())(_, _, _, gemm_stage), tSrDp);
@@ -134,7 +134,7 @@ struct ConsumerWide {
       warpgroup_fence_operand(tSrDp);
       if (last_dp) {  // the tile's last dP GEMM has read V: the next tile's may load
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty);
+        smem.v_ring().release_by_warp(0, lane);
       }
       Math::ds_from_dp(dp_rc, s_rc, dscore, p, lse_c, delta_c);
 #pragma unroll
@@ -157,12 +157,12 @@ struct ConsumerWide {
       warpgroup_fence_operand(tDKrDK);
       warpgroup_fence_operand(tDsrDs);
       __syncwarp();
-      if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[stage]);
+      smem.q_ring().release_by_warp(stage, lane);
       warpgroup_wait<1>();  // dV is done: dO is free
       warpgroup_fence_operand(tDVrDV);
       warpgroup_fence_operand(tPrP);
       __syncwarp();
-      if (lane == 0) ArrivalBarrier::arrive(&smem.do_empty[stage]);
+      smem.do_ring().release_by_warp(stage, lane);
       warpgroup_wait<0>();  // dQ's first part
       const uint32_t dq_stage = DqHandoff<Traits>::open_block_stage(smem, uses);
       store_dq_part(dq_stage, 0);
@@ -179,14 +179,14 @@ struct ConsumerWide {
     DqHandoff<Traits> dq_handoff;  // for finish(): the wide kernels never take pooled_dq_sum
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      wait_full(smem.tile_full, RingPosition<kSlots>{round});
+      smem.tile_ring().wait(round);
       if (!smem.has_tile[slot]) {
         dq_handoff.finish(p, smem, uses, thread, lane);
         return;
       }
       const TileInfo& t = smem.tile[slot];
-      wait_full(&smem.k_full, RingPosition<1>{round});
-      wait_full(&smem.v_full, RingPosition<1>{round});
+      smem.k_ring().wait(round);
+      smem.v_ring().wait(round);
       clear(tDVrDV);
       clear(tDKrDK);
       const int32_t key0 = t.n_block * kBlockN;
@@ -200,8 +200,8 @@ struct ConsumerWide {
       // had no Q block or a block-sparse map).
       __syncwarp();
       if (lane == 0) {
-        if (Traits::kBlockSparse || t.m_lo > t.m_hi) ArrivalBarrier::arrive(&smem.v_empty);
-        ArrivalBarrier::arrive(&smem.k_empty);
+        if (Traits::kBlockSparse || t.m_lo > t.m_hi) smem.v_ring().release(0);
+        smem.k_ring().release(0);
       }
       // The staging addresses from a thread index read afresh (from `thread`, ptxas kept the 64
       // of them across the loop, in local memory).
@@ -211,7 +211,7 @@ struct ConsumerWide {
           cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * (epilogue_thread / 128) * kDsBufferBytes,
           epilogue_thread);
       __syncwarp();
-      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);
+      smem.tile_ring().release_by_warp(slot, lane);
     }
   }
 };

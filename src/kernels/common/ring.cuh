@@ -5,7 +5,8 @@
 //  - the side waiting for data waits on the stage's full barrier for parity round & 1;
 //  - the side refilling a stage waits on its empty barrier for the previous round's parity,
 //    (round - 1) & 1, and not at all in round 0 (the stage was never used).
-// Every barrier wait of the kernels goes through these, instead of parity expressions by hand.
+// Every barrier wait of the kernels goes through these, instead of parity expressions by hand, and
+// every ring of them is a Ring (below), which knows its two barrier arrays.
 #pragma once
 
 #include "kernels/common/barriers.cuh"
@@ -44,5 +45,39 @@ template <uint32_t kDepth>
 __device__ __forceinline__ void wait_released(uint64_t* barriers, RingPosition<kDepth> at) {
   if (at.refills()) ArrivalBarrier::wait(&barriers[at.stage()], at.previous_phase());
 }
+
+// A ring of kDepth stages: its full barriers (a stage's data is in: a TMA load's bytes, or a
+// thread's arrival) and empty barriers (the stage's readers are done), and what each side does at
+// use `uses` of the ring (stage uses % kDepth, round uses / kDepth; the parities are
+// RingPosition's):
+//  - the side that fills: acquire(uses) waits until the stage may be refilled, then
+//    commit_tx(stage, bytes) (the TMA loads complete it) or commit(stage) (one thread's arrival);
+//  - the side that reads: wait(uses) or ready(uses) for the data, then release(stage) from one
+//    thread, or release_by_warp(stage, lane) from lane 0 of each warp that the empty barrier
+//    counts (the consumers' rings count warps).
+// A kernel's SharedStorage hands out its rings (q_ring(), k_ring(), ...), so no barrier array is
+// named, and no parity computed, at a use.
+template <uint32_t kDepth>
+struct Ring {
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ __forceinline__ void acquire(uint32_t uses) const {
+    wait_released(empty, RingPosition<kDepth>{uses});
+  }
+  __device__ __forceinline__ void commit(uint32_t stage) const { ArrivalBarrier::arrive(&full[stage]); }
+  __device__ __forceinline__ void commit_tx(uint32_t stage, uint32_t bytes) const {
+    TxBarrier::arrive_and_expect_tx(&full[stage], bytes);
+  }
+
+  __device__ __forceinline__ void wait(uint32_t uses) const { wait_full(full, RingPosition<kDepth>{uses}); }
+  __device__ __forceinline__ bool ready(uint32_t uses) const {
+    return test_full(full, RingPosition<kDepth>{uses});
+  }
+  __device__ __forceinline__ void release(uint32_t stage) const { ArrivalBarrier::arrive(&empty[stage]); }
+  __device__ __forceinline__ void release_by_warp(uint32_t stage, int lane) const {
+    if (lane == 0) release(stage);
+  }
+};
 
 }  // namespace jagflash::kernels::common

@@ -5,6 +5,7 @@
 #include "core/block_mask.hpp"
 #include "core/mask.hpp"
 #include "kernels/common/barriers.cuh"
+#include "kernels/common/ring.cuh"
 #include "kernels/common/score_mod.cuh"
 #include "kernels/fwd/tile_config.hpp"
 #include "kernels/fwd/variants.hpp"
@@ -141,6 +142,12 @@ struct SharedStorage {
   int32_t has_tile[kTileSlots];     // 0: no more work
   uint64_t tile_full[kTileSlots];   // scheduler -> producer: the slot holds the next tile
   uint64_t tile_empty[kTileSlots];  // consumers -> scheduler: the tile's epilogue is done
+
+  // The rings (kernels/common/ring.cuh) over these barriers.
+  __device__ __forceinline__ common::Ring<kTileSlots> tile_ring() { return {tile_full, tile_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kQBuffers> q_ring() { return {q_full, q_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kStages> k_ring() { return {k_full, k_empty}; }
+  __device__ __forceinline__ common::Ring<Traits::kStages> v_ring() { return {v_full, v_empty}; }
 };
 
 // Device parameters: plain values, built once on the host by the launcher.

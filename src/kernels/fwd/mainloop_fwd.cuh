@@ -27,7 +27,6 @@ namespace jagflash::kernels::fwd {
 
 using namespace cute;
 
-using common::RingPosition;    // kernels/common/ring.cuh: every barrier wait (wait_full, wait_released)
 using common::warpgroup_gemm;  // kernels/common/warpgroup_gemm.cuh, shared with the backward
 
 // Copies this thread's part of the Q tile in shared memory (one buffer) into the A-operand
@@ -75,11 +74,11 @@ struct Producer {
       // buffer is kQBuffers tiles back).
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
       const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % kSlots;
-      wait_full(smem.tile_full, RingPosition<kSlots>{q_uses});
+      smem.tile_ring().wait(q_uses);
       const bool has_tile = smem.has_tile[slot];
-      wait_released(smem.q_empty, RingPosition<kQBuffers>{q_uses});
+      smem.q_ring().acquire(q_uses);
       if (!has_tile) {
-        ArrivalBarrier::arrive(&smem.q_full[q_buf]);  // the consumers read has_tile = 0 and stop
+        smem.q_ring().commit(q_buf);  // the consumers read has_tile = 0 and stop
         return;
       }
       const TileInfo t = smem.tile[slot];
@@ -92,7 +91,7 @@ struct Producer {
                              Shape<BlockM, HeadDim>{}, make_coord(t.m_block, _0{}));
       auto [tQg, tQs] =
           tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      TxBarrier::arrive_and_expect_tx(&smem.q_full[q_buf], Traits::kQBytes);
+      smem.q_ring().commit_tx(q_buf, Traits::kQBytes);
       copy(p.tma_q.with(smem.q_full[q_buf]), tQg, tQs(_, q_buf));
 
       Tensor gK = local_tile(domain_offset(make_coord(t.kv_start, _0{}), mK(_, _, t.kv_head)),
@@ -112,11 +111,14 @@ struct Producer {
       // K of a block is issued one block ahead of V (K[n], then V[n+1]): the consumers need K of
       // block n while they still multiply by V of the block before it.
       // One K or V block into the next stage of its ring (uses: that ring's load count).
+      // (The ring's arrays are passed as the storage's members: passing smem.k_ring() moved two
+      // address instructions of this loop.)
       auto load_block = [&](const auto& tma, const auto& tg, const auto& ts, uint64_t* full, uint64_t* empty,
                             uint32_t& uses, int32_t n) {
+        const common::Ring<kStages> ring{full, empty};
         const uint32_t stage = uses % kStages;
-        wait_released(empty, RingPosition<kStages>{uses});
-        TxBarrier::arrive_and_expect_tx(&full[stage], Traits::kKBytes);
+        ring.acquire(uses);
+        ring.commit_tx(stage, Traits::kKBytes);
         copy(tma.with(full[stage]), tg(_, n), ts(_, stage));
         ++uses;
       };
@@ -242,7 +244,7 @@ struct Consumer {
     for (;;) {
       constexpr uint32_t kQBuffers = Traits::kQBuffers;
       const uint32_t q_buf = q_uses % kQBuffers, slot = q_uses % SharedStorage<Traits>::kTileSlots;
-      wait_full(smem.q_full, RingPosition<kQBuffers>{q_uses});
+      smem.q_ring().wait(q_uses);
       trace.tile_start(trace_thread, q_uses);
       if (!smem.has_tile[slot]) return;
       const TileInfo t = smem.tile[slot];
@@ -253,7 +255,7 @@ struct Consumer {
         warpgroup_fence_operand(tSrQ);
         // Q is in registers: the producer may load the next tile's Q into this buffer now.
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[q_buf]);
+        smem.q_ring().release_by_warp(q_buf, lane);
       }
       // S = Q K^T of the block in stage k_stage, issued (not waited for).
       auto issue_s = [&](uint32_t k_stage) {
@@ -298,8 +300,8 @@ struct Consumer {
       // Called before this block's k_uses/v_uses increments; v_ahead: 1 if this block uses a V.
       auto probe_next_kv = [&](bool exists, uint32_t v_ahead) {
         const uint32_t k_next = k_uses + 1, v_next = v_uses + v_ahead;
-        const bool k_ready = test_full(smem.k_full, RingPosition<kStages>{k_next});
-        const bool v_ready = test_full(smem.v_full, RingPosition<kStages>{v_next});
+        const bool k_ready = smem.k_ring().ready(k_next);
+        const bool v_ready = smem.v_ring().ready(v_next);
         next_kv_ready = exists & k_ready & v_ready;
       };
       // The block after the first: with BlockSparse read from the map once, here, and inside the
@@ -313,7 +315,7 @@ struct Consumer {
         // after P V, and wait<1> then waits for P V too, which loses the overlap; check_sass
         // rule 3 looks for that group).
         const uint32_t k_stage = k_uses % kStages;
-        wait_full(smem.k_full, RingPosition<kStages>{k_uses});
+        smem.k_ring().wait(k_uses);
         turns.wait_turn();
         issue_s(k_stage);
         turns.pass_turn();
@@ -322,7 +324,7 @@ struct Consumer {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
+        smem.k_ring().release_by_warp(k_stage, lane);
         ++k_uses;
         scores_to_p(n_hi);  // correction = 0: O is still zero
         Step::p_to_a_operand(tOrP, tSrS);
@@ -335,8 +337,8 @@ struct Consumer {
         const uint32_t k_stage = k_uses % kStages, v_stage = v_uses % kStages;
         trace.stamp(trace_thread, kTraceTop);
         if (!next_kv_ready) {
-          wait_full(smem.k_full, RingPosition<kStages>{k_uses});
-          wait_full(smem.v_full, RingPosition<kStages>{v_uses});
+          smem.k_ring().wait(k_uses);
+          smem.v_ring().wait(v_uses);
         }
         turns.wait_turn();
         trace.stamp(trace_thread, kTraceIssue);
@@ -350,7 +352,7 @@ struct Consumer {
         warpgroup_fence_operand(tSrS);
         trace.stamp(trace_thread, kTraceScores);
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.k_empty[k_stage]);
+        smem.k_ring().release_by_warp(k_stage, lane);
         ++k_uses;
         scores_to_p(n);
         trace.stamp(trace_thread, kTraceSoftmax);
@@ -359,7 +361,7 @@ struct Consumer {
         warpgroup_fence_operand(tOrP);
         trace.stamp(trace_thread, kTraceGemmDone);
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty[v_stage]);
+        smem.v_ring().release_by_warp(v_stage, lane);
         ++v_uses;
         Step::p_to_a_operand(tOrP, tSrS);
         trace.stamp(trace_thread, kTraceEnd);
@@ -368,7 +370,7 @@ struct Consumer {
       if (n_lo <= n_hi) {
         // Last block's O += P V, after O's rescale for its running max.
         const uint32_t v_stage = v_uses % kStages;
-        wait_full(smem.v_full, RingPosition<kStages>{v_uses});
+        smem.v_ring().wait(v_uses);
         turns.wait_turn();
         OnlineSoftmax<kRows>::rescale(o_rc, correction, p.keep_max);
         warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
@@ -377,18 +379,18 @@ struct Consumer {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.v_empty[v_stage]);
+        smem.v_ring().release_by_warp(v_stage, lane);
         ++v_uses;
       }
 
       if constexpr (!kQInRegisters) {
         __syncwarp();
-        if (lane == 0) ArrivalBarrier::arrive(&smem.q_empty[q_buf]);  // the last S GEMM has read Q
+        smem.q_ring().release_by_warp(q_buf, lane);  // the last S GEMM has read Q
       }
       // The epilogue reads the tile from its slot again (after the loop's memory clobbers):
       // nothing of it stays live in registers across the loop.
-      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);    // ends with a warpgroup barrier
-      if (lane == 0) ArrivalBarrier::arrive(&smem.tile_empty[slot]);  // the slot is read for the last time
+      store_tile<Traits>(p, smem, smem.tile[slot], o_rc, softmax);  // ends with a warpgroup barrier
+      smem.tile_ring().release_by_warp(slot, lane);                 // the slot is read for the last time
       ++q_uses;
     }
   }

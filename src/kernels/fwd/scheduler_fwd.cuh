@@ -60,12 +60,12 @@ struct Scheduler {
     const int32_t total_tiles = *p.num_pairs * p.num_heads;
     for (uint32_t round = 0;; ++round) {
       const uint32_t slot = round % kSlots;
-      common::wait_released(smem.tile_empty, common::RingPosition<kSlots>{round});
+      smem.tile_ring().acquire(round);
       const int32_t tile = next_tile(p, static_cast<int32_t>(round), pair);
       const bool has_tile = tile < total_tiles;
       if (has_tile) smem.tile[slot] = decode_tile(p, tile);
       smem.has_tile[slot] = has_tile;
-      ArrivalBarrier::arrive(&smem.tile_full[slot]);  // release: the producer's wait acquires
+      smem.tile_ring().commit(slot);  // release: the producer's wait acquires
       if (!has_tile) return;
     }
   }
