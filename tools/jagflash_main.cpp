@@ -213,8 +213,8 @@ jagflash::cli::Options parse(int argc, char** argv) {
         throw std::invalid_argument("--dtype: expected bf16, fp16 or fp32, got '" + o.dtype + "'");
     } else if (a == "--head-dim") {
       const std::string v = value();
-      if (v != "64" && v != "128" && v != "256")
-        throw std::invalid_argument("--head-dim: expected 64, 128 or 256, got '" + v + "'");
+      if (v != "64" && v != "96" && v != "128" && v != "192" && v != "256")
+        throw std::invalid_argument("--head-dim: expected 64, 96, 128, 192 or 256, got '" + v + "'");
       o.head_dim = std::stoi(v);
     } else if (a == "--heads") {
       o.heads = parse_int(a, value(), 1);

@@ -1,9 +1,10 @@
 // The wide backward's epilogue (head dims 192 and 256; mainloop_bwd_wide.cuh): each warpgroup holds
 // dK and dV of all the tile's 64 keys for its half of the head dim, and stores that half: dK
 // (times the softmax scale) and dV for the keys inside the sequence only, converted to the input
-// dtype through a staging of the warpgroup's own (its two dS buffers, 16 KB: free once its last dQ
-// GEMM of the tile is done), or in fp32 to its split's slot of the partials (a split group, summed
-// by the dK/dV postprocess). The same contract as epilogue_bwd.cuh's, split by columns, not keys.
+// dtype through a staging of the warpgroup's own (two of the four P/dS buffers, 16 KB: free once
+// both warpgroups' last GEMMs of the tile are done, mainloop_bwd_wide.cuh), or in fp32 to its split's slot of
+// the partials (a split group, summed by the dK/dV postprocess). The same contract as epilogue_bwd.cuh's,
+// split by columns, not keys.
 #pragma once
 
 #include "kernels/bwd/barrier_ids_bwd.hpp"
@@ -75,7 +76,7 @@ __device__ __forceinline__ void stage_and_store_half(const TileInfo& t, TensorAc
   common::named_barrier_sync(barrier, 128);  // the staging bytes are free again
 }
 
-// The tile's dK and dV, this warpgroup's half. staging: the warpgroup's 16 KB (its dS buffers).
+// The tile's dK and dV, this warpgroup's half. staging: the warpgroup's 16 KB (two P/dS buffers).
 template <class Traits, class TensorDK, class TensorDV>
 __device__ __forceinline__ void store_dkdv_wide(const Params<Traits>& p, const TileInfo& t, TensorDK& dk_acc,
                                                 TensorDV& dv_acc, uint32_t staging, int thread) {

@@ -75,6 +75,11 @@ struct KernelTraits {
   using SmemAtomMN = decltype(GMMA::Layout_MN_SW128_Atom<Element>{});
   using SmemLayoutDs =
       decltype(tile_to_shape(SmemAtomMN{}, Shape<BlockM, BlockN, Int<Config::kDsBuffers>>{}));
+  // The same bytes as (keys, rows, buffer), the rows contiguous: K-major A operands of the wide
+  // kernel's dV += P^T dO and dK += dS^T Q.
+  using SmemLayoutDst = decltype(composition(
+      SmemLayoutDs{},
+      make_ordered_layout(Shape<BlockN, BlockM, Int<Config::kDsBuffers>>{}, Step<_2, _1, _3>{})));
 
   // S^T = K Q^T and dP^T = V dO^T: the warpgroups stacked along M (keys), 64 keys x 64 rows each.
   using WgAlongM = Layout<Shape<_2, _1, _1>>;
@@ -98,19 +103,21 @@ struct KernelTraits {
   using TiledMmaDqSplit = decltype(make_tiled_mma(
       DqSplitOp{}, std::conditional_t<kDqRowsSplit, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>{}));
 
-  // The wide tile (Config::kWide, mainloop_bwd_wide.cuh): S^T and dP^T of all 64 keys x 64 rows
-  // in each warpgroup (a one-warpgroup MMA, sliced at the thread's index in its warpgroup); dV
-  // and dK with the warpgroups along N (each one half of the head dim, A its own P^T, dS^T); dQ
-  // in kDqParts parts of 2 x kDqPartCols columns, each warpgroup kDqPartCols of a part (64 at
-  // D = 256, so that dQ takes 32 registers a thread as in the 128 kernel; at 192 one part of 96).
+  // The wide tile (Config::kWide, mainloop_bwd_wide.cuh): S^T and dP^T of all 64 keys with the
+  // warpgroups along N (each 32 of the 64 query rows), P^T and dS^T through shared memory; dV and
+  // dK with the warpgroups along N too (each one half of the head dim, A all of P^T, dS^T from
+  // shared memory); dQ in kDqParts parts of 2 x kDqPartCols columns, each warpgroup kDqPartCols
+  // of a part (64 at D = 256, so that dQ takes 32 registers a thread as in the 128 kernel; at 192
+  // one part of 96).
   static constexpr bool kWide = Config::kWide;
+  static constexpr int kStepRows = kWide ? kBlockM / 2 : kBlockM;  // query rows of a warpgroup's S^T
   static constexpr int kDqPartCols = kHeadDim == 256 ? 64 : kHeadDim / 2;
   static constexpr int kDqParts = kHeadDim / (2 * kDqPartCols);
-  using TiledMmaSdPWide =
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, BlockM, HeadDim>>(),
-                              Layout<Shape<_1, _1, _1>>{}));
+  using TiledMmaSdPWide = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, Int<kStepRows>, HeadDim>>(),
+      Layout<Shape<_1, _2, _1>>{}));
   using TiledMmaDkvWide = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<WgKeys, Int<kHeadDim / 2>, BlockM>, GMMA::Major::K,
+      GMMA::ss_op_selector<Element, Element, float, Shape<WgKeys, Int<kHeadDim / 2>, BlockM>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       Layout<Shape<_1, _2, _1>>{}));
   using TiledMmaDqWide = decltype(make_tiled_mma(

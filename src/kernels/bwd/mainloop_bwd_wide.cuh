@@ -1,11 +1,13 @@
 // The wide backward's consumers (head dims 192 and 256; TileConfig::kWide): two warpgroups on a
 // tile of 64 keys, beside the same loading thread (loader_bwd.cuh) and dQ writer (dq_writer.cuh)
 // as the 64/128 kernels. Per Q block each warpgroup computes S^T = K Q^T and dP^T = V dO^T of all
-// 64 keys x 64 rows (both compute them: no P or dS crosses between the warpgroups), P^T and dS^T
-// in registers (step_bwd.cuh, the 128 kernel's fragment shape), its dS into its own dS buffer,
-// then for its half of the head dim: dV += P^T dO, dK += dS^T Q (A from registers) and dQ = dS K
-// in parts of kDqPartCols columns into the dQ stage (dq_handoff_bwd.cuh). dK and dV are stored at
-// the tile's end through the warpgroup's dS buffers (epilogue_bwd_wide.cuh).
+// 64 keys and its 32 of the block's 64 rows, P^T and dS^T in registers (step_bwd.cuh), and stores
+// both into shared memory (buffers u % 2 of dS, 2 + u % 2 of P at step u); once both warpgroups'
+// halves are in, each does for its half of the head dim: dV += P^T dO, dK += dS^T Q (A: all 64
+// rows, from shared memory) and dQ = dS K in parts of kDqPartCols columns into the dQ stage
+// (dq_handoff_bwd.cuh). dK and dV are stored at the tile's end through the four buffers
+// (epilogue_bwd_wide.cuh). (The kernel before this one had each warpgroup compute S^T and dP^T
+// of all 64 rows, 1.4x the GEMM work of one pass, to keep P^T and dS^T in registers.)
 #pragma once
 
 #include "kernels/bwd/barrier_ids_bwd.hpp"
@@ -47,9 +49,11 @@ struct ConsumerWide {
   using DqOffsets = SmemStoreOffsets<kBlockM, 2 * kDqPartCols, 64>;
   static constexpr uint32_t kDsBufferBytes = kBlockM * kBlockN * sizeof(Element);
   static constexpr uint32_t kDqPartBytes = (2 * kDqPartCols / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+  static constexpr int kWgRows = Traits::kStepRows;  // a warpgroup's rows of S^T and dP^T
   static_assert(Traits::kWide && kBlockN == 64 && Traits::WgKeys::value == 64 && Traits::kDsBuffers == 4 &&
+                    2 * kWgRows == kBlockM &&
                     2 * kDsBufferBytes == WideDkvStaging<Traits::kHeadDim, int(sizeof(Element))>::kBytes,
-                "the wide tile: 64 keys, each warpgroup two dS buffers (its dS, its dK/dV staging)");
+                "the wide tile: 64 keys, two buffers of dS and two of P (each warpgroup's dK/dV staging)");
 
   // thread: index among the 256 consumer threads (warpgroup 0 owns the first half of the head dim).
   __device__ static void run(const Params<Traits>& p, SharedStorage<Traits>& smem, int thread) {
@@ -61,7 +65,7 @@ struct ConsumerWide {
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmaDkv mma_dkv;
     typename Traits::TiledMmaDq mma_dq;
-    auto thr_sdp = mma_sdp.get_thread_slice(0);  // one warpgroup's MMA, in each warpgroup
+    auto thr_sdp = mma_sdp.get_thread_slice(wg * 128);
     auto thr_dkv = mma_dkv.get_thread_slice(wg * 128);
     auto thr_dq = mma_dq.get_thread_slice(wg * 128);
 
@@ -73,9 +77,7 @@ struct ConsumerWide {
     Tensor s_rc = make_tensor(tSrS.data(), common::rowcol_layout(tSrS.layout()));
     Tensor dp_rc = make_tensor(tSrDp.data(), common::rowcol_layout(tSrDp.layout()));
     Tensor tPrP = make_tensor_like<Element>(tSrS);
-    Tensor tPrP_a = make_tensor(tPrP.data(), common::acc_as_a_operand_layout(tPrP.layout()));
     Tensor tDsrDs = make_tensor_like<Element>(tSrS);
-    Tensor tDsrDs_a = make_tensor(tDsrDs.data(), common::acc_as_a_operand_layout(tDsrDs.layout()));
     // This warpgroup's half of dV and dK (64 keys x D/2), and one dQ part (64 rows x kDqPartCols).
     Tensor tDVrDV = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
     Tensor tDKrDK = partition_fragment_C(mma_dkv, Shape<BlockN, HeadDim>{});
@@ -98,19 +100,23 @@ struct ConsumerWide {
           mma_sdp, thr_sdp.partition_fragment_A(views.v()),
           thr_sdp.partition_fragment_B(views.dout())(_, _, _, gemm_stage), tSrDp);
     };
-    auto issue_dq = [&](int part) {  // dQ's columns [part x 2 kDqPartCols, +2 kDqPartCols) = dS K
+    // dQ's columns [part x 2 kDqPartCols, +2 kDqPartCols) = dS K (dS: buffer ds_buf)
+    auto issue_dq = [&](int part, uint32_t ds_buf) {
       Tensor k_part = local_tile(views.kt(), Shape<Int<2 * kDqPartCols>, BlockN>{}, make_coord(part, _0{}));
       warpgroup_gemm</*kZeroInit=*/true, /*kARegisters=*/false, /*kWait=*/false>(
-          mma_dq, thr_dq.partition_fragment_A(views.ds())(_, _, _, 2 * wg),
+          mma_dq, thr_dq.partition_fragment_A(views.ds())(_, _, _, ds_buf),
           thr_dq.partition_fragment_B(k_part), tDQrDQ);
     };
-    auto issue_dv = [&](uint32_t stage) {  // dV += P^T dO (this warpgroup's half of dO's columns)
-      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tPrP_a, thr_dkv.partition_fragment_B(views.doutt())(_, _, _, stage), tDVrDV);
+    auto issue_dv = [&](uint32_t stage,
+                        uint32_t ds_buf) {  // dV += P^T dO (this warpgroup's half of dO's columns)
+      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/false, /*kWait=*/false>(
+          mma_dkv, thr_dkv.partition_fragment_A(views.dst())(_, _, _, 2 + ds_buf),
+          thr_dkv.partition_fragment_B(views.doutt())(_, _, _, stage), tDVrDV);
     };
-    auto issue_dk = [&](uint32_t stage) {  // dK += dS^T Q
-      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/true, /*kWait=*/false>(
-          mma_dkv, tDsrDs_a, thr_dkv.partition_fragment_B(views.qt())(_, _, _, stage), tDKrDK);
+    auto issue_dk = [&](uint32_t stage, uint32_t ds_buf) {  // dK += dS^T Q
+      warpgroup_gemm</*kZeroInit=*/false, /*kARegisters=*/false, /*kWait=*/false>(
+          mma_dkv, thr_dkv.partition_fragment_A(views.dst())(_, _, _, ds_buf),
+          thr_dkv.partition_fragment_B(views.qt())(_, _, _, stage), tDKrDK);
     };
     auto store_dq_part = [&](uint32_t dq_stage, int part) {
       warpgroup_fence_operand(tDQrDQ);
@@ -123,13 +129,17 @@ struct ConsumerWide {
       // The GEMMs' descriptors from warp-uniform values (smem_views_bwd.cuh).
       views.refresh();
       const uint32_t gemm_stage = __shfl_sync(0xffffffffu, stage, 0);
+      // This step's dS buffer (and 2 + it, P's): the other warpgroup may still read the other pair
+      // in its GEMMs of step u - 1, never those of u - 2 (it passed this step's barrier after them).
+      const uint32_t ds_buf = __shfl_sync(0xffffffffu, uses & 1, 0);
       const int32_t row0 = m * kBlockM;
       const bool last_dp = !Traits::kBlockSparse && i == t.m_hi && h == t.head_end - 1;
       issue_s_dp(q_at, gemm_stage);
       const int stat_skip = (t.q_start + row0) & 3;  // the stats load from an aligned row
-      const float* lse_c = smem.lse.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-      const float* delta_c = smem.delta.data() + stage * Traits::kStatStride + stat_skip + coords.col_base;
-      Math::scores_to_p(s_rc, dscore, p, t, h, m, row0, key0, coords, lse_c);
+      const int stat_col = stage * Traits::kStatStride + stat_skip + wg * kWgRows + coords.col_base;
+      const float* lse_c = smem.lse.data() + stat_col;
+      const float* delta_c = smem.delta.data() + stat_col;
+      Math::scores_to_p(s_rc, dscore, p, t, h, m, row0 + wg * kWgRows, key0, coords, lse_c);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrDp);
       if (last_dp) {  // the tile's last dP GEMM has read V: the next tile's may load
@@ -142,25 +152,30 @@ struct ConsumerWide {
         tPrP(e) = static_cast<Element>(tSrS(e));
         tDsrDs(e) = static_cast<Element>(tSrDp(e));
       }
-      // dS into this warpgroup's own buffer (its previous dQ GEMMs are done: waited below).
-      store_ds_smem<DsOffsets>(tDsrDs, cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * wg * kDsBufferBytes,
-                               fresh_consumer_thread() % 128);
+      // This warpgroup's rows of P^T and dS^T into the step's buffers (the stores of rows
+      // [32 wg, 32 wg + 32) of a 64-row buffer), then both warpgroups' in before any GEMM reads them.
+      {
+        const uint32_t ds_base = cute::cast_smem_ptr_to_uint(smem.ds.data());
+        const int store_thread = fresh_consumer_thread() % 128;
+        constexpr int kStoresPerWg = kWgRows / 16;
+        store_ds_smem<DsOffsets>(tPrP, ds_base + (2 + ds_buf) * kDsBufferBytes, store_thread,
+                                 wg * kStoresPerWg);
+        store_ds_smem<DsOffsets>(tDsrDs, ds_base + ds_buf * kDsBufferBytes, store_thread, wg * kStoresPerWg);
+      }
       cutlass::arch::fence_view_async_shared();
-      common::named_barrier_sync(warpgroup_barrier(wg), 128);  // the warpgroup's dS is in shared memory
+      common::named_barrier_sync(BwdBarrier::kWideStored, 256);
       // With one Q/dO stage the next Q block loads only once this one's are free: dK (the last
       // reader of Q) first and dV (of dO) next, each released as soon as it is done, so the
       // loads run under the dQ GEMMs.
-      issue_dk(gemm_stage);
-      issue_dv(gemm_stage);
-      issue_dq(0);
+      issue_dk(gemm_stage, ds_buf);
+      issue_dv(gemm_stage, ds_buf);
+      issue_dq(0, ds_buf);
       warpgroup_wait<2>();  // dK is done: Q is free
       warpgroup_fence_operand(tDKrDK);
-      warpgroup_fence_operand(tDsrDs);
       __syncwarp();
       smem.q_ring().release_by_warp(stage, lane);
       warpgroup_wait<1>();  // dV is done: dO is free
       warpgroup_fence_operand(tDVrDV);
-      warpgroup_fence_operand(tPrP);
       __syncwarp();
       smem.do_ring().release_by_warp(stage, lane);
       warpgroup_wait<0>();  // dQ's first part
@@ -168,7 +183,7 @@ struct ConsumerWide {
       store_dq_part(dq_stage, 0);
 #pragma unroll
       for (int part = 1; part < kDqParts; ++part) {
-        issue_dq(part);
+        issue_dq(part, ds_buf);
         warpgroup_wait<0>();
         store_dq_part(dq_stage, part);
       }
@@ -204,12 +219,16 @@ struct ConsumerWide {
         smem.k_ring().release(0);
       }
       // The staging addresses from a thread index read afresh (from `thread`, ptxas kept the 64
-      // of them across the loop, in local memory).
+      // of them across the loop, in local memory). The staging takes all four buffers (a
+      // warpgroup's two): once both warpgroups' last GEMMs of the tile have read them, and until
+      // both have stored, before the next tile's steps write them.
+      common::named_barrier_sync(BwdBarrier::kWideStored, 256);
       const int epilogue_thread = fresh_consumer_thread();
       store_dkdv_wide<Traits>(
           p, t, tDKrDK, tDVrDV,
           cute::cast_smem_ptr_to_uint(smem.ds.data()) + 2 * (epilogue_thread / 128) * kDsBufferBytes,
           epilogue_thread);
+      common::named_barrier_sync(BwdBarrier::kWideStored, 256);
       __syncwarp();
       smem.tile_ring().release_by_warp(slot, lane);
     }

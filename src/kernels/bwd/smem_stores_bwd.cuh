@@ -7,6 +7,8 @@
 // so that tests/test_bwd_smem_stores.cu can check them against CuTe's layouts on the host.
 #pragma once
 
+#include <cute/tensor.hpp>
+
 #include <cstdint>
 
 namespace jagflash::kernels::bwd {
@@ -91,14 +93,19 @@ __device__ __forceinline__ void st_shared_v2(uint32_t addr, float a, float b) {
 }
 
 // dS^T fragment (Element, the S^T accumulator's layout: value (col, row half, 8-row group)) to
-// the dS buffer at shared address `ds_buffer`.
+// the dS buffer at shared address `ds_buffer`. A fragment of fewer query rows than the buffer's
+// (the wide kernel's warpgroups each hold 32 of the 64 rows: mainloop_bwd_wide.cuh) takes the
+// stores from first_store on, 16 rows a store.
 template <class Offsets, class Fragment>
-__device__ __forceinline__ void store_ds_smem(const Fragment& ds_frag, uint32_t ds_buffer, int thread) {
+__device__ __forceinline__ void store_ds_smem(const Fragment& ds_frag, uint32_t ds_buffer, int thread,
+                                              int first_store = 0) {
+  constexpr int kStores = int(decltype(cute::size(ds_frag))::value) / 8;  // 8 16-bit values a stmatrix.x4
+  static_assert(kStores <= Offsets::kDsStores, "the fragment's rows fit the buffer");
   const uint32_t* regs = reinterpret_cast<const uint32_t*>(ds_frag.data());
 #pragma unroll
-  for (int i = 0; i < Offsets::kDsStores; ++i)
-    stmatrix_x4(ds_buffer + Offsets::ds_lane(thread, i), regs[4 * i], regs[4 * i + 1], regs[4 * i + 2],
-                regs[4 * i + 3]);
+  for (int i = 0; i < kStores; ++i)
+    stmatrix_x4(ds_buffer + Offsets::ds_lane(thread, first_store + i), regs[4 * i], regs[4 * i + 1],
+                regs[4 * i + 2], regs[4 * i + 3]);
 }
 
 __device__ __forceinline__ void add_shared_v2(uint32_t addr, float a, float b) {

@@ -39,9 +39,13 @@ struct SmemViews {
   __device__ __forceinline__ auto kt() const {
     return view(fresh().k.data(), typename Traits::SmemLayoutKt{});
   }
-  // dS (rows, keys, buffer).
+  // dS (rows, keys, buffer), and the same bytes as (keys, rows, buffer): the wide kernel's P^T
+  // and dS^T, the A operands of its dV and dK GEMMs.
   __device__ __forceinline__ auto ds() const {
     return view(fresh().ds.data(), typename Traits::SmemLayoutDs{});
+  }
+  __device__ __forceinline__ auto dst() const {
+    return view(fresh().ds.data(), typename Traits::SmemLayoutDst{});
   }
 
  private:

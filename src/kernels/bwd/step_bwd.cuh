@@ -1,6 +1,6 @@
 // The elementwise math of one backward step (one Q block against the tile's keys), between the
-// GEMMs the consumer issues (mainloop_bwd.cuh): P^T from S^T (the score modifier, the mask, the
-// softmax's exp2 against the row's lse) and dS^T from dP^T (P (dP - delta), times the modifier's
+// GEMMs the consumer issues (mainloop_bwd.cuh, mainloop_bwd_wide.cuh): P^T from S^T (the score modifier, the
+// mask, the softmax's exp2 against the row's lse) and dS^T from dP^T (P (dP - delta), times the modifier's
 // derivative). A thread holds two keys (rows) of S^T and 16 query rows (columns); the lse and
 // delta of its columns are read from shared memory where they are used (kept in registers they
 // pushed the consumers into spills).
@@ -25,8 +25,8 @@ struct StepMath {
   using Mod = typename Traits::ScoreMod;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kRows = 2;            // keys of S^T a thread
-  static constexpr int kCols = kBlockM / 4;  // query rows of the Q block a thread
+  static constexpr int kRows = 2;                      // keys of S^T a thread
+  static constexpr int kCols = Traits::kStepRows / 4;  // query rows of the warpgroup's S^T a thread
 
   // The score modifier (none in the default kernels: nothing of it is compiled). Softcap's dS
   // takes dscore = 1 - t^2 of each score's tanh t: at D = 64 kept from the tanh to dS as half
