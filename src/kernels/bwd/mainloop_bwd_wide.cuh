@@ -140,7 +140,19 @@ struct ConsumerWide {
       const float* lse_c = smem.lse.data() + stat_col;
       const float* delta_c = smem.delta.data() + stat_col;
       Math::scores_to_p(s_rc, dscore, p, t, h, m, row0 + wg * kWgRows, key0, coords, lse_c);
-      warpgroup_wait<0>();
+      // This warpgroup's rows of P^T and of dS^T go into the step's buffers (the stores of rows
+      // [32 wg, 32 wg + 32) of a 64-row buffer), each pair read only once both warpgroups' are in:
+      // P^T first, so that dV += P^T dO runs under the dS math.
+      const uint32_t ds_base = cute::cast_smem_ptr_to_uint(smem.ds.data());
+      constexpr int kStoresPerWg = kWgRows / 16;
+#pragma unroll
+      for (int e = 0; e < size(tSrS); ++e) tPrP(e) = static_cast<Element>(tSrS(e));
+      store_ds_smem<DsOffsets>(tPrP, ds_base + (2 + ds_buf) * kDsBufferBytes, fresh_consumer_thread() % 128,
+                               wg * kStoresPerWg);
+      cutlass::arch::fence_view_async_shared();
+      common::named_barrier_sync(BwdBarrier::kWideStored, 256);
+      issue_dv(gemm_stage, ds_buf);
+      warpgroup_wait<1>();  // dP^T landed (dV may still run)
       warpgroup_fence_operand(tSrDp);
       if (last_dp) {  // the tile's last dP GEMM has read V: the next tile's may load
         __syncwarp();
@@ -148,36 +160,23 @@ struct ConsumerWide {
       }
       Math::ds_from_dp(dp_rc, s_rc, dscore, p, lse_c, delta_c);
 #pragma unroll
-      for (int e = 0; e < size(tSrS); ++e) {
-        tPrP(e) = static_cast<Element>(tSrS(e));
-        tDsrDs(e) = static_cast<Element>(tSrDp(e));
-      }
-      // This warpgroup's rows of P^T and dS^T into the step's buffers (the stores of rows
-      // [32 wg, 32 wg + 32) of a 64-row buffer), then both warpgroups' in before any GEMM reads them.
-      {
-        const uint32_t ds_base = cute::cast_smem_ptr_to_uint(smem.ds.data());
-        const int store_thread = fresh_consumer_thread() % 128;
-        constexpr int kStoresPerWg = kWgRows / 16;
-        store_ds_smem<DsOffsets>(tPrP, ds_base + (2 + ds_buf) * kDsBufferBytes, store_thread,
-                                 wg * kStoresPerWg);
-        store_ds_smem<DsOffsets>(tDsrDs, ds_base + ds_buf * kDsBufferBytes, store_thread, wg * kStoresPerWg);
-      }
+      for (int e = 0; e < size(tSrDp); ++e) tDsrDs(e) = static_cast<Element>(tSrDp(e));
+      store_ds_smem<DsOffsets>(tDsrDs, ds_base + ds_buf * kDsBufferBytes, fresh_consumer_thread() % 128,
+                               wg * kStoresPerWg);
       cutlass::arch::fence_view_async_shared();
       common::named_barrier_sync(BwdBarrier::kWideStored, 256);
-      // With one Q/dO stage the next Q block loads only once this one's are free: dK (the last
-      // reader of Q) first and dV (of dO) next, each released as soon as it is done, so the
-      // loads run under the dQ GEMMs.
+      // Each ring released as soon as its last reader is done (with one Q/dO stage the next Q
+      // block loads only then), so the loads run under the dQ GEMMs: dV (of dO) first, dK (of Q).
       issue_dk(gemm_stage, ds_buf);
-      issue_dv(gemm_stage, ds_buf);
       issue_dq(0, ds_buf);
-      warpgroup_wait<2>();  // dK is done: Q is free
-      warpgroup_fence_operand(tDKrDK);
-      __syncwarp();
-      smem.q_ring().release_by_warp(stage, lane);
-      warpgroup_wait<1>();  // dV is done: dO is free
+      warpgroup_wait<2>();  // dV is done: dO is free
       warpgroup_fence_operand(tDVrDV);
       __syncwarp();
       smem.do_ring().release_by_warp(stage, lane);
+      warpgroup_wait<1>();  // dK is done: Q is free
+      warpgroup_fence_operand(tDKrDK);
+      __syncwarp();
+      smem.q_ring().release_by_warp(stage, lane);
       warpgroup_wait<0>();  // dQ's first part
       const uint32_t dq_stage = DqHandoff<Traits>::open_block_stage(smem, uses);
       store_dq_part(dq_stage, 0);
