@@ -2,7 +2,8 @@
 // element where CuTe's layouts of the same buffers say it is: dS for the dQ GEMM's A operand
 // (stmatrix, emulated here lane by lane) and the fp32 dQ partial for the TMA reduce-add. And the
 // epilogue's dK/dV staging (kernels/bwd/epilogue_bwd.cuh) stays inside each warpgroup's own keys'
-// dS bytes, one slot per element, without bank conflicts. At D = 64, 96 and 128.
+// dS bytes, one slot per element, without bank conflicts. At D = 64, 96 and 128; the wide kernel's
+// half-row stores of P^T and dS^T at 192 and 256.
 #include "kernels/bwd/epilogue_bwd.cuh"
 #include "kernels/bwd/kernel_traits_bwd.cuh"
 #include "kernels/bwd/smem_stores_bwd.cuh"
@@ -55,6 +56,50 @@ void expect_ds_stores_match_cute() {
   for (int b = 0; b < Config::kDsBuffers; ++b)
     EXPECT_EQ(smem_byte_offset<Element>(ds_layout, 5, 77, b),
               b * kBlockM * kBlockN * sizeof(Element) + smem_byte_offset<Element>(ds_layout, 5, 77, 0));
+}
+
+// The wide kernel (D = 192, 256; mainloop_bwd_wide.cuh): each warpgroup's S^T fragment holds its
+// 32 of the 64 rows; its P^T and dS^T go to a 64-row buffer by the 64-row offsets from store
+// 2 wg on (thread index in the warpgroup). And the transposed view its dV/dK GEMMs read is the
+// same bytes.
+template <class Config>
+void expect_wide_half_stores_match_cute() {
+  using Traits = jagflash::kernels::bwd::KernelTraits<Config>;
+  using Offsets = jagflash::kernels::bwd::SmemStoreOffsets<Config::kBlockM, Config::kHeadDim, 64>;
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN, kWgRows = Traits::kStepRows;
+  static_assert(Traits::kWide && kBlockM == 64 && kBlockN == 64 && kWgRows == 32, "the wide tile");
+  typename Traits::TiledMmaSdP mma;
+  typename Traits::SmemLayoutDs ds_layout;
+  typename Traits::SmemLayoutDst dst_layout;
+  const auto frag_layout = partition_fragment_C(mma, Shape<Int<kBlockN>, Int<kBlockM>>{}).layout();
+  ASSERT_EQ(int(size(frag_layout)), kWgRows / 16 * 8);  // two stmatrix.x4 a thread
+  std::set<uint32_t> written;
+  for (int t = 0; t < 256; ++t) {
+    const int wg = t / 128, wg_thread = t % 128;
+    Tensor coords =
+        mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    for (int e = 0; e < size(frag_layout); ++e) {
+      const int raw = frag_layout(e);
+      const int reg = raw / 2, half = raw % 2;
+      const int store = reg / 4, matrix = reg % 4;
+      const int addressing = (wg_thread / 32) * 32 + matrix * 8 + (wg_thread % 32) / 4;
+      const uint32_t byte =
+          Offsets::ds_lane(addressing, wg * (kWgRows / 16) + store) + (t % 4) * 4 + half * 2;
+      const int key = get<0>(coords(e)), row = get<1>(coords(e));
+      ASSERT_EQ(row / kWgRows, wg) << "warpgroup " << wg << " holds its own rows";
+      ASSERT_EQ(byte, smem_byte_offset<Element>(ds_layout, row, key, 0))
+          << "thread " << t << " element " << e << " key " << key << " row " << row;
+      written.insert(byte);
+    }
+  }
+  EXPECT_EQ(written.size(), size_t(kBlockM * kBlockN));  // every element of the buffer, once
+  for (int b = 0; b < Config::kDsBuffers; ++b)
+    for (int key = 0; key < kBlockN; ++key)
+      for (int row = 0; row < kBlockM; ++row)
+        ASSERT_EQ(smem_byte_offset<Element>(dst_layout, key, row, b),
+                  smem_byte_offset<Element>(ds_layout, row, key, b))
+            << "buffer " << b << " key " << key << " row " << row;
 }
 
 template <class Config>
@@ -154,6 +199,11 @@ TEST(BackwardSmemStores, DsStmatrixMatchesCuteLayout) {
   expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 128>>();
   expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 64>>();
   expect_ds_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 96>>();
+}
+
+TEST(BackwardSmemStores, WideHalfStoresAndTransposedViewMatchCuteLayout) {
+  expect_wide_half_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::bfloat16_t, 192>>();
+  expect_wide_half_stores_match_cute<jagflash::kernels::bwd::TileConfig<cutlass::half_t, 256>>();
 }
 
 TEST(BackwardSmemStores, DqPartialStoresMatchCuteLayout) {
