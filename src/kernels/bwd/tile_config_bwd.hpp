@@ -34,11 +34,9 @@ struct TileConfig {
   static constexpr bool kBlockSparse = kBlockSparse_;
   // The wide kernels (head dims 192 and 256; mainloop_bwd_wide.cuh): 64 x D fp32 of dK and of dV no
   // longer fit one warpgroup's registers, and 128 keys of K and V not beside a Q/dO stage and a
-  // dQ stage in shared memory. A tile holds 64 keys; both warpgroups compute S^T and dP^T of all
-  // of them (64 keys x 64 rows, the same fragment shape as the 128 kernel's) and each owns one
-  // half of the head dim of dK, dV and dQ. S^T and dP^T are computed twice (1.4x the GEMM work of
-  // one pass), but no P or dS crosses between the warpgroups and each keeps the register shape
-  // of the 128 kernel (dK, dV: 64 keys x 128 columns; dQ in 64-column parts).
+  // dQ stage in shared memory. A tile holds 64 keys; each warpgroup computes S^T and dP^T of all
+  // of them for its 32 of the Q block's 64 rows, and owns one half of the head dim of dK, dV and
+  // dQ, whose GEMMs read all of P^T and dS^T from shared memory (both warpgroups' rows).
   static constexpr bool kWide = kHeadDim > 128;
   // At D = 64 without a modifier or a map a step takes 128 query rows (kBlockM, the same rule as
   // kernels::backward_block_m): the step's fixed work (barrier, waits, stats, the dQ hand-over) is
@@ -53,8 +51,9 @@ struct TileConfig {
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeysPerWarpgroup = kWide ? kBlockN : kBlockN / kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // Shared memory of the wide tile at D = 256: K 32 + V 32 + one Q and one dO stage 64 + the dS
-  // buffers 32 (each warpgroup's own dS, 8 KB, and its dK/dV staging, 16 KB) + one fp32 dQ stage
+  // Shared memory of the wide tile at D = 256: K 32 + V 32 + one Q and one dO stage 64 + the P/dS
+  // buffers 32 (two of dS, two of P, 8 KB each; at a tile's end each warpgroup's dK/dV staging,
+  // 16 KB) + one fp32 dQ stage
   // 64 = 224 KB of the 227; at 192 two Q/dO stages fit (24 + 24 + 96 + 32 + 48), its operands in
   // 64-byte swizzle atoms (kernel_traits_bwd.cuh: a warpgroup's 96 columns are whole atoms).
   static constexpr int kStages = kHeadDim == 256 ? 1 : 2;
