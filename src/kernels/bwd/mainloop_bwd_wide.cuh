@@ -2,12 +2,11 @@
 // tile of 64 keys, beside the same loading thread (loader_bwd.cuh) and dQ writer (dq_writer.cuh)
 // as the 64/128 kernels. Per Q block each warpgroup computes S^T = K Q^T and dP^T = V dO^T of all
 // 64 keys and its 32 of the block's 64 rows, P^T and dS^T in registers (step_bwd.cuh), and stores
-// both into shared memory (buffers u % 2 of dS, 2 + u % 2 of P at step u); once both warpgroups'
-// halves are in, each does for its half of the head dim: dV += P^T dO, dK += dS^T Q (A: all 64
-// rows, from shared memory) and dQ = dS K in parts of kDqPartCols columns into the dQ stage
-// (dq_handoff_bwd.cuh). dK and dV are stored at the tile's end through the four buffers
-// (epilogue_bwd_wide.cuh). (The kernel before this one had each warpgroup compute S^T and dP^T
-// of all 64 rows, 1.4x the GEMM work of one pass, to keep P^T and dS^T in registers.)
+// both into shared memory (buffers 2 + u % 2 of P, u % 2 of dS at step u), each read only once
+// both warpgroups' rows are in. For its half of the head dim each then does dV += P^T dO (issued
+// before the dS math, which runs under it), dK += dS^T Q (A: all 64 rows, from shared memory)
+// and dQ = dS K in parts of kDqPartCols columns into the dQ stage (dq_handoff_bwd.cuh). dK and dV
+// are stored at the tile's end through the four buffers (epilogue_bwd_wide.cuh).
 #pragma once
 
 #include "kernels/bwd/barrier_ids_bwd.hpp"
