@@ -41,8 +41,9 @@ struct ConsumerWide {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kDqPartCols = Traits::kDqPartCols;
   static constexpr int kDqParts = Traits::kDqParts;
-  // dS of a warpgroup (64 rows x 64 keys) in its buffer 2 wg by the 128 kernel's stmatrix offsets,
-  // given the thread's index in its warpgroup; a dQ part's stores by the 128 kernel's offsets for
+  // A warpgroup's 32 rows of P^T or dS^T into a 64-row buffer by the 128 kernel's stmatrix
+  // offsets (from store 2 wg on), given the thread's index in its warpgroup; a dQ part's stores by
+  // the 128 kernel's offsets for
   // a (64 x 2 kDqPartCols) stage, from the part's first box.
   using DsOffsets = SmemStoreOffsets<kBlockM, Traits::kHeadDim, 64>;
   using DqOffsets = SmemStoreOffsets<kBlockM, 2 * kDqPartCols, 64>;
